@@ -1,0 +1,152 @@
+"""Allocator speed: end-to-end MILP time (Pyomo build + GLPK + read-back) per event.
+
+Random events over tasks J × available nodes N, curves drawn from the bftrainer-dev job sets;
+every answer is checked against the exact program (gap 0). The paper's task × node formulation
+runs on the same events and the same GLPK as the baseline, where it finishes.
+Prints a table and ends with one JSON line of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+
+from parsl_bf.allocation import AllocationProblem, Objective, score, solve_exact, solve_milp
+from parsl_bf.allocation.node_matrix import solve_node_matrix
+from parsl_bf.replay import default_data_dir, load_job_set
+
+SETS = ("ImageNet-imgps-dev-501J", "ImageNet-spdup-dev-501J", "hps-shufflenet-dev-500J")
+
+
+def random_event(jobs, n_tasks: int, n_nodes: int, rng: random.Random, objective: Objective):
+    """J tasks, about two thirds running at random sizes, the rest of N nodes free."""
+    picked = rng.sample(jobs, n_tasks)
+    current = [rng.randint(j.min_nodes, j.max_nodes) if rng.random() < 0.66 else 0 for j in picked]
+    while sum(current) > n_nodes:  # shrink running tasks until they fit in N
+        k = rng.randrange(n_tasks)
+        current[k] = current[k] // 2 if current[k] // 2 >= picked[k].min_nodes else 0
+    tasks = [
+        j.task(current_nodes=c, remaining_work=rng.uniform(0.05, 1.0) * j.work)
+        for j, c in zip(picked, current, strict=True)
+    ]
+    return AllocationProblem(
+        tasks=tasks, free_nodes=n_nodes - sum(current), tfwd=10.0, objective=objective
+    )
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def run_cell(jobs, n_tasks, n_nodes, events, rng, objective=Objective.THROUGHPUT):
+    times, optimal, statuses = [], True, set()
+    for _ in range(events):
+        problem = random_event(jobs, n_tasks, n_nodes, rng, objective)
+        t0 = time.perf_counter()
+        result = solve_milp(problem, time_limit=10)
+        times.append(time.perf_counter() - t0)
+        statuses.add(result.status.value)
+        best = solve_exact(problem)
+        gap = abs(score(problem, result.counts)[0] - best.objective)
+        optimal &= result.status.value == "optimal" and gap <= 1e-6 * max(1.0, abs(best.objective))
+    return times, optimal, statuses
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=20, help="random events per cell (default 20)")
+    ap.add_argument(
+        "--baseline-events",
+        type=int,
+        default=6,
+        help="events for the node-matrix baseline at J=10, N=64 (default 6)",
+    )
+    ap.add_argument(
+        "--baseline-limit",
+        type=float,
+        default=30.0,
+        help="GLPK time limit for the baseline, seconds (default 30)",
+    )
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    data = default_data_dir()
+    if not (data / "jobs").is_dir():
+        print(f"error: job sets not found under {data} (set PARSL_BF_DATA)", file=sys.stderr)
+        return 2
+    # imgps and spdup share job ids: prefix each with its set.
+    jobs = [
+        dataclasses.replace(j, id=f"{name}/{j.id}")
+        for name in SETS
+        for j in load_job_set(data / "jobs" / f"{name}.json")
+    ]
+    rng = random.Random(args.seed)
+
+    print(f"{'J':>4} {'N':>5} {'events':>6} {'median ms':>10} {'p95 ms':>8} {'max ms':>8}  optimal")
+    p95, medians, all_optimal = {}, {}, True
+    for n_tasks in (10, 50, 100):
+        for n_nodes in (64, 512, 4734):
+            times, optimal, _ = run_cell(jobs, n_tasks, n_nodes, args.events, rng)
+            key = f"J{n_tasks}_N{n_nodes}"
+            p95[key], medians[key] = pct(times, 0.95), statistics.median(times)
+            all_optimal &= optimal
+            print(
+                f"{n_tasks:>4} {n_nodes:>5} {len(times):>6} {1e3 * medians[key]:>10.1f} "
+                f"{1e3 * p95[key]:>8.1f} {1e3 * max(times):>8.1f}  {optimal}"
+            )
+
+    print("\nObjectives at J=50, N=4734:")
+    print(f"{'objective':>15} {'median ms':>10} {'p95 ms':>8}  optimal")
+    by_objective = {}
+    for objective in Objective:
+        times, optimal, _ = run_cell(jobs, 50, 4734, args.events, rng, objective)
+        all_optimal &= optimal
+        by_objective[objective.value] = pct(times, 0.95)
+        print(
+            f"{objective.value:>15} {1e3 * statistics.median(times):>10.1f} "
+            f"{1e3 * pct(times, 0.95):>8.1f}  {optimal}"
+        )
+
+    print(
+        f"\nBaseline: the paper's task × node formulation, J=10, N=64, same events, "
+        f"GLPK limit {args.baseline_limit:.0f} s"
+    )
+    print(f"{'event':>5} {'counts MILP ms':>15} {'node-matrix s':>14}  status")
+    ours, theirs, timeouts = [], [], 0
+    for k in range(args.baseline_events):
+        problem = random_event(jobs, 10, 64, rng, Objective.THROUGHPUT)
+        t0 = time.perf_counter()
+        solve_milp(problem)
+        ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        base = solve_node_matrix(problem, time_limit=args.baseline_limit)
+        theirs.append(time.perf_counter() - t0)
+        timeouts += base.status.value != "optimal"
+        print(f"{k:>5} {1e3 * ours[-1]:>15.1f} {theirs[-1]:>14.2f}  {base.status.value}")
+    speedup = statistics.median(theirs) / statistics.median(ours)
+    note = f" (a lower bound: {timeouts} of {len(theirs)} hit the limit)" if timeouts else ""
+    print(f"median speed-up of the counts MILP: {speedup:.0f}x{note}")
+
+    print(
+        json.dumps(
+            {
+                "p95_s": {k: round(v, 4) for k, v in p95.items()},
+                "median_s": {k: round(v, 4) for k, v in medians.items()},
+                "p95_s_by_objective_J50_N4734": {k: round(v, 4) for k, v in by_objective.items()},
+                "optimal": all_optimal,
+                "speedup_vs_node_matrix_J10_N64": round(speedup, 1),
+                "node_matrix_timeouts": timeouts,
+                "node_matrix_events": len(theirs),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The ``parsl-bf`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .allocation import AllocationInputError, AllocationProblem, SolverUnavailableError, allocate
+
+__all__ = ["main"]
+
+EXIT_BAD_INPUT = 2
+
+
+def _solve(args: argparse.Namespace) -> int:
+    path = Path(args.instance)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise AllocationInputError(str(path), exc.strerror or str(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise AllocationInputError(str(path), f"not JSON: {exc}") from None
+    problem = AllocationProblem.from_dict(data)
+    result = allocate(problem, solver=args.solver, time_limit=args.time_limit)
+    print(json.dumps(result.to_json_dict()))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parsl-bf", description="Elastic DNN training on a batch scheduler's idle nodes."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    solve = sub.add_parser(
+        "solve",
+        help="decide node counts for one allocation event",
+        description="Read an allocation instance (JSON) and print the plan as one JSON object.",
+    )
+    solve.add_argument("instance", help="instance JSON: tfwd, free_nodes, objective, tasks")
+    solve.add_argument(
+        "--solver",
+        choices=["milp", "exact"],
+        default="milp",
+        help="Pyomo+GLPK MILP (default) or the exact dynamic program",
+    )
+    solve.add_argument(
+        "--time-limit",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="solver time limit in seconds (default 10)",
+    )
+    solve.set_defaults(func=_solve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except AllocationInputError as exc:
+        print(f"parsl-bf {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SolverUnavailableError as exc:
+        print(f"parsl-bf {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Bad input is named, solver time-outs still use the new nodes, a missing glpsol is explained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parsl_bf.allocation import (
+    AllocationInputError,
+    AllocationProblem,
+    SolverUnavailableError,
+    SolveStatus,
+    TaskSpec,
+    score,
+    solve_exact,
+    solve_milp,
+)
+from parsl_bf.allocation.node_matrix import solve_node_matrix
+
+TASK = {
+    "id": "a",
+    "min_nodes": 1,
+    "max_nodes": 4,
+    "current_nodes": 0,
+    "nodes": [0, 1, 2, 4],
+    "throughput": [0, 10, 18, 30],
+    "rescale_up_s": 5,
+    "rescale_down_s": 5,
+}
+
+
+def _instance(**task_changes) -> dict:
+    return {"tfwd": 10, "free_nodes": 4, "objective": "throughput", "tasks": [TASK | task_changes]}
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (_instance() | {"objective": "fastest"}, "objective"),
+        (_instance(min_nodes=5), "tasks[0].min_nodes"),
+        (_instance(nodes=[1, 2, 4, 8]), "tasks[0].nodes"),
+        (_instance(nodes=[0, 2, 1, 4]), "tasks[0].nodes"),
+        (_instance(rescale_up_s=-1), "tasks[0].rescale_up_s"),
+        (_instance(throughput=[0, -1, 2, 3]), "tasks[0].throughput"),
+        (_instance(throughput=[0, 1, 2]), "tasks[0].throughput"),
+        (_instance(max_nodes=9), "tasks[0].max_nodes"),
+        (_instance(speed=3), "tasks[0].speed"),
+        (_instance() | {"tasks": []}, "tasks"),
+        (_instance() | {"free_nodes": -2}, "free_nodes"),
+        (_instance() | {"tfwd": 0}, "tfwd"),
+    ],
+)
+def test_bad_input_names_the_field(data: dict, field: str) -> None:
+    with pytest.raises(AllocationInputError) as info:
+        AllocationProblem.from_dict(data)
+    assert info.value.field == field
+    assert "\n" not in str(info.value)
+
+
+def test_duplicate_ids_rejected() -> None:
+    with pytest.raises(AllocationInputError, match="duplicate task id"):
+        AllocationProblem.from_dict(_instance() | {"tasks": [TASK, TASK]})
+
+
+def _busy_problem() -> AllocationProblem:
+    """Tasks holding few nodes while many are free: keeping the old map would waste them."""
+    tasks = [
+        TaskSpec(
+            id=f"t{i}",
+            min_nodes=1,
+            max_nodes=64,
+            current_nodes=i % 3,
+            nodes=(0, 1, 2, 4, 8, 16, 32, 64),
+            throughput=(0, 100 + i, 190 + i, 350, 700 - i, 1300, 2500 + 7 * i, 4000),
+            rescale_up_s=15,
+            rescale_down_s=10,
+        )
+        for i in range(60)
+    ]
+    return AllocationProblem(tasks=tasks, free_nodes=2000, tfwd=60)
+
+
+def test_time_out_falls_back_to_a_plan_that_uses_the_new_nodes() -> None:
+    problem = _busy_problem()
+    result = solve_milp(problem, time_limit=0)  # GLPK stops at once
+    assert result.status in (SolveStatus.FEASIBLE, SolveStatus.FALLBACK)
+    assert sum(result.counts.values()) > sum(t.current_nodes for t in problem.tasks)
+    best = solve_exact(problem)
+    value, _ = score(problem, result.counts)
+    assert value == pytest.approx(result.objective)
+    if result.status is SolveStatus.FALLBACK:
+        assert value == pytest.approx(best.objective)
+
+
+def test_missing_glpsol_is_explained(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SolverUnavailableError, match="glpk-utils"):
+        solve_milp(_busy_problem())
+
+
+def test_node_matrix_baseline_agrees_with_the_oracle() -> None:
+    """The paper's task × node formulation reaches the same optimum on a small event."""
+    tasks = [
+        TaskSpec(
+            id="a",
+            min_nodes=1,
+            max_nodes=4,
+            current_nodes=2,
+            nodes=(0, 1, 2, 4),
+            throughput=(0, 10, 18, 30),
+            rescale_up_s=5,
+            rescale_down_s=5,
+        ),
+        TaskSpec(
+            id="b",
+            min_nodes=2,
+            max_nodes=4,
+            current_nodes=0,
+            nodes=(0, 1, 2, 4),
+            throughput=(0, 12, 25, 31),
+            rescale_up_s=5,
+            rescale_down_s=5,
+        ),
+        TaskSpec(
+            id="c",
+            min_nodes=1,
+            max_nodes=3,
+            current_nodes=1,
+            nodes=(0, 1, 3),
+            throughput=(0, 9, 40),
+            rescale_up_s=30,
+            rescale_down_s=5,
+        ),
+    ]
+    for free in (0, 2, 5):
+        problem = AllocationProblem(tasks=tasks, free_nodes=free, tfwd=10)
+        baseline = solve_node_matrix(problem, time_limit=30)
+        assert baseline.status is SolveStatus.OPTIMAL
+        assert baseline.objective == pytest.approx(solve_exact(problem).objective)
+        assert score(problem, baseline.counts)[0] == pytest.approx(baseline.objective)
+
+
+def test_instance_json_round_trip(tmp_path) -> None:
+    path = tmp_path / "i.json"
+    path.write_text(json.dumps(_instance()))
+    problem = AllocationProblem.from_dict(json.loads(path.read_text()))
+    assert problem.capacity == 4 and problem.tasks[0].id == "a"
