@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..allocation import TaskSpec
+from ..allocation import AllocationInputError, TaskSpec
+from .errors import ReplayInputError
 
 __all__ = ["Job", "load_job_set", "default_data_dir"]
 
@@ -54,31 +55,78 @@ class Job:
         )
 
 
-def _job(row: dict) -> Job:
-    return Job(
-        id=str(row["job"]),
-        model=str(row["model"]),
-        submit_s=float(row["submit_window_s"]),
-        min_nodes=int(row["jmin"]),
-        max_nodes=int(row["jmax"]),
-        rescale_up_s=float(row["rescale_up_s"]),
-        rescale_down_s=float(row["rescale_down_s"]),
-        work=float(row["total_work_samples"]),
-        nodes=tuple(int(x) for x in row["nodes"]),
-        throughput=tuple(float(x) for x in row["throughput"]),
-        value=tuple(float(x) for x in row["objective"]),
-    )
+_COLUMNS = (
+    "job",
+    "model",
+    "submit_window_s",
+    "jmin",
+    "jmax",
+    "rescale_up_s",
+    "rescale_down_s",
+    "total_work_samples",
+    "nodes",
+    "throughput",
+    "objective",
+)
+
+
+def _job(row: dict, path: Path, line: int | None, where: str) -> Job:
+    """One row as a Job; errors name the file, the line (CSV) or entry (JSON), and the field."""
+    for key in _COLUMNS:
+        if key not in row:
+            raise ReplayInputError(path, "missing", line, f"{where}{key}")
+    try:
+        job = Job(
+            id=str(row["job"]),
+            model=str(row["model"]),
+            submit_s=float(row["submit_window_s"]),
+            min_nodes=int(row["jmin"]),
+            max_nodes=int(row["jmax"]),
+            rescale_up_s=float(row["rescale_up_s"]),
+            rescale_down_s=float(row["rescale_down_s"]),
+            work=float(row["total_work_samples"]),
+            nodes=tuple(int(x) for x in row["nodes"]),
+            throughput=tuple(float(x) for x in row["throughput"]),
+            value=tuple(float(x) for x in row["objective"]),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ReplayInputError(path, f"bad value: {exc}", line, where.rstrip(".")) from None
+    if job.work <= 0:
+        raise ReplayInputError(path, "must be positive", line, f"{where}total_work_samples")
+    try:
+        job.task()  # the allocator's own checks: curve from 0 nodes, increasing, bounds
+    except AllocationInputError as exc:
+        field = {"min_nodes": "jmin", "max_nodes": "jmax", "value": "objective"}.get(
+            exc.field, exc.field
+        )
+        raise ReplayInputError(path, exc.message, line, f"{where}{field}") from None
+    return job
 
 
 def load_job_set(path: str | Path) -> list[Job]:
     """Jobs of a set, in submission order; ``path`` is the ``.json`` or ``.csv`` file."""
     path = Path(path)
+    jobs: list[Job] = []
     if path.suffix == ".json":
-        rows = json.loads(path.read_text())["jobs"]
+        try:
+            rows = json.loads(path.read_text())["jobs"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ReplayInputError(path, f"not a job-set JSON ({exc})") from None
+        jobs = [_job(row, path, None, f"jobs[{i}].") for i, row in enumerate(rows)]
     else:
         with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-        for row in rows:
-            for key in ("nodes", "throughput", "objective"):
-                row[key] = json.loads(row[key])
-    return sorted((_job(r) for r in rows), key=lambda j: j.submit_s)
+            reader = csv.DictReader(f)
+            for row in reader:
+                for key in ("nodes", "throughput", "objective"):
+                    if row.get(key) is None:
+                        continue  # _job reports the missing column
+                    try:
+                        row[key] = json.loads(row[key])
+                    except json.JSONDecodeError:
+                        raise ReplayInputError(
+                            path, "not a JSON list", reader.line_num, key
+                        ) from None
+                jobs.append(_job(row, path, reader.line_num, ""))
+    if not jobs:
+        raise ReplayInputError(path, "no jobs")
+    return sorted(jobs, key=lambda j: j.submit_s)

@@ -1,8 +1,9 @@
 """Idle-node traces: which nodes the main scheduler leaves idle, and when.
 
-Reads the bftrainer-dev format (``trace/events.csv.gz`` + ``trace/nodes.csv``, documented in the
-data's README): an initial state of every node at t = 0, then state changes. A node subset is
-taken by column order (``col_index``), as the original replayer's ``-nN``/``-nis`` options do.
+Reads the bftrainer-dev format (``trace/events.csv.gz`` + ``trace/nodes.csv`` + ``meta.json``,
+documented in the data's README): the state of every node at t = 0, then state changes. A node
+subset is taken by column order (``col_index``), as the original replayer's ``-nN``/``-nis``
+options do.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .errors import ReplayInputError
 
 __all__ = ["IdleTrace", "load_trace"]
 
@@ -30,16 +33,22 @@ class IdleTrace:
     change_idle: np.ndarray  # bool: becomes idle (True) or busy (False)
     end_s: int
 
+    def batches(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(t, node indices, new idle states) for every time at which some node changes."""
+        bounds = np.flatnonzero(np.diff(self.change_t)) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [len(self.change_t)]))
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            if b > a:
+                yield int(self.change_t[a]), self.change_node[a:b], self.change_idle[a:b]
+
     def steps(self) -> Iterator[tuple[int, np.ndarray]]:
         """(t, idle mask) at t = 0 and at every time some node changes state."""
         state = self.initial.copy()
         yield 0, state.copy()
-        bounds = np.flatnonzero(np.diff(self.change_t)) + 1
-        for chunk in np.split(np.arange(len(self.change_t)), bounds):
-            if len(chunk) == 0:
-                continue
-            state[self.change_node[chunk]] = self.change_idle[chunk]
-            yield int(self.change_t[chunk[0]]), state.copy()
+        for t, nodes, idle in self.batches():
+            state[nodes] = idle
+            yield t, state.copy()
 
     def idle_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Times and the number of idle nodes from each time on."""
@@ -47,33 +56,64 @@ class IdleTrace:
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
 
 
+def _columns(path: Path, reader: csv.DictReader, needed: tuple[str, ...]) -> None:
+    missing = [c for c in needed if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ReplayInputError(path, f"missing column(s) {', '.join(missing)}", line=1)
+
+
 def load_trace(
     trace_dir: str | Path, n_nodes: int | None = None, node_offset: int = 0
 ) -> IdleTrace:
     """The trace of ``n_nodes`` nodes from column ``node_offset`` on (all nodes by default)."""
     trace_dir = Path(trace_dir)
-    with (trace_dir / "nodes.csv").open(newline="") as f:
-        order = sorted(csv.DictReader(f), key=lambda r: int(r["col_index"]))
+    nodes_csv = trace_dir / "nodes.csv"
+    with nodes_csv.open(newline="") as f:
+        reader = csv.DictReader(f)
+        _columns(nodes_csv, reader, ("node", "col_index"))
+        order = sorted(reader, key=lambda r: int(r["col_index"]))
     names = [r["node"] for r in order][node_offset:]
     if n_nodes is not None:
         names = names[:n_nodes]
+    if not names:
+        raise ReplayInputError(nodes_csv, f"no nodes from offset {node_offset}")
+    known = {r["node"] for r in order}
     index = {name: i for i, name in enumerate(names)}
     initial = np.zeros(len(names), dtype=bool)
     t, node, idle = [], [], []
-    with gzip.open(trace_dir / "events.csv.gz", "rt", newline="") as f:
-        rows = csv.reader(f)
-        next(rows)
-        for t_s, name, state in rows:
-            i = index.get(name)
+    events = trace_dir / "events.csv.gz"
+    last_t = 0
+    with gzip.open(events, "rt", newline="") as f:
+        reader = csv.DictReader(f)
+        _columns(events, reader, ("t_s", "node", "state"))
+        for row in reader:
+            line = reader.line_num
+            try:
+                t_s = int(row["t_s"])
+            except (TypeError, ValueError):
+                raise ReplayInputError(
+                    events, f"not an integer: {row['t_s']!r}", line, "t_s"
+                ) from None
+            if t_s < last_t:
+                raise ReplayInputError(
+                    events, f"time goes backwards ({t_s} < {last_t})", line, "t_s"
+                )
+            last_t = t_s
+            if row["state"] not in ("idle", "busy"):
+                raise ReplayInputError(events, f"{row['state']!r} is not idle/busy", line, "state")
+            i = index.get(row["node"])
             if i is None:
+                if row["node"] not in known:
+                    raise ReplayInputError(events, f"unknown node {row['node']!r}", line, "node")
                 continue
-            if t_s == "0":
-                initial[i] = state == "idle"
+            if t_s == 0:
+                initial[i] = row["state"] == "idle"
             else:
-                t.append(int(t_s))
+                t.append(t_s)
                 node.append(i)
-                idle.append(state == "idle")
-    end_s = int(json.loads((trace_dir / "meta.json").read_text())["end_s"])
+                idle.append(row["state"] == "idle")
+    meta = trace_dir / "meta.json"
+    end_s = int(json.loads(meta.read_text())["end_s"]) if meta.exists() else last_t
     return IdleTrace(
         tuple(names),
         initial,
