@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch: the exact CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH  := torch==2.13.0
 
-.PHONY: setup system-deps test test-quick run lint bench clean
+.PHONY: setup system-deps test test-quick run lint bench evaluation clean
 
 setup: system-deps $(STAMP)
 
@@ -32,14 +32,22 @@ test-quick: setup
 
 run: setup
 	@echo "parsl-bf: the main job (HPO sweep on the local backfill emulation) needs the executor,"
-	@echo "which is not built yet. Meanwhile, the allocator on an example event:"
+	@echo "which is not built yet. Meanwhile: one allocation event, then a week of real idle-node"
+	@echo "trace (64 nodes) replayed with the MILP allocator."
 	$(BIN)/parsl-bf solve examples/instance.json
+	$(BIN)/parsl-bf replay --trace tests/data/trace64 --jobs tests/data/hps-shufflenet-10J.json \
+		--out runs/replay-64
 
 lint: setup
 	$(BIN)/ruff check parsl_bf tests benchmarks
 
 bench: setup
 	$(BIN)/python benchmarks/allocator.py
+	$(BIN)/python benchmarks/formulations.py
+
+# Regenerates docs/evaluation.md from real replays (about 10 minutes).
+evaluation: setup
+	$(BIN)/python benchmarks/evaluation.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

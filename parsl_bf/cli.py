@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .allocation import AllocationInputError, AllocationProblem, SolverUnavailableError, allocate
+from .replay import cli as replay_cli
 
 __all__ = ["main"]
 
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         help="solver time limit in seconds (default 10)",
     )
     solve.set_defaults(func=_solve)
+    replay_cli.add_parser(sub)
     return parser
 
 

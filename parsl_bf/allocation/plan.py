@@ -122,10 +122,8 @@ def plan(
         # Stable sort: equal values keep their given order.
         return sorted(nodes, key=value, reverse=True) if node_value is not None else nodes
 
-    held = {
-        tid: by_value([x for x in current.get(tid, ()) if x not in gone])
-        for tid in set(counts) | set(current)
-    }
+    order = dict.fromkeys([*counts, *current])  # deterministic, unlike a set
+    held = {tid: by_value([x for x in current.get(tid, ()) if x not in gone]) for tid in order}
     steps: dict[str, TaskPlan] = {}
     released: list[Node] = []
     for tid, nodes in held.items():
@@ -146,5 +144,4 @@ def plan(
             steps[tid] = TaskPlan(tid, steps[tid].keep, (), tuple(pool[taken : taken + extra]))
             taken += extra
     lost = tuple(x for x in owner if x in gone) + tuple(x for x in free if x in gone)
-    order = dict.fromkeys([*counts, *current])
     return NodePlan({tid: steps[tid] for tid in order}, tuple(pool[taken:]), lost)

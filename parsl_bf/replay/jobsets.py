@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ..allocation import AllocationInputError, TaskSpec
 from .errors import ReplayInputError
 
@@ -95,11 +97,12 @@ def _job(row: dict, path: Path, line: int | None, where: str) -> Job:
         raise ReplayInputError(path, "must be positive", line, f"{where}total_work_samples")
     try:
         job.task()  # the allocator's own checks: curve from 0 nodes, increasing, bounds
-    except AllocationInputError as exc:
+    except ValidationError as exc:
+        err = AllocationInputError.from_validation(exc)
         field = {"min_nodes": "jmin", "max_nodes": "jmax", "value": "objective"}.get(
-            exc.field, exc.field
+            err.field, err.field
         )
-        raise ReplayInputError(path, exc.message, line, f"{where}{field}") from None
+        raise ReplayInputError(path, err.message, line, f"{where}{field}") from None
     return job
 
 

@@ -50,6 +50,35 @@ class IdleTrace:
             state[nodes] = idle
             yield t, state.copy()
 
+    def hole_lengths(self, start_s: int = 0, end_s: int | None = None) -> np.ndarray:
+        """Durations of the idle intervals that open and close within [start_s, end_s]."""
+        end_s = self.end_s if end_s is None else end_s
+        opened = np.full(len(self.nodes), -1, dtype=np.int64)
+        lengths: list[int] = []
+        for t, nodes, idle in self.batches():
+            if t > end_s:
+                break
+            if t <= start_s:
+                continue
+            for x, now_idle in zip(nodes.tolist(), idle.tolist(), strict=True):
+                if now_idle:
+                    opened[x] = t
+                elif opened[x] >= 0:
+                    lengths.append(t - int(opened[x]))
+                    opened[x] = -1
+        return np.array(lengths, dtype=np.int64)
+
+    def suggest_tfwd(self, start_s: int = 0, end_s: int | None = None) -> float:
+        """T_fwd from the holes: the median time a node stays idle once it becomes idle.
+
+        A rescale pays off when its gain over T_fwd beats its cost; the typical hole length
+        is how long a grown task can expect to keep a node it just got.
+        """
+        lengths = self.hole_lengths(start_s, end_s)
+        if len(lengths) == 0:
+            raise ValueError("no complete hole in the window: give T_fwd explicitly")
+        return float(np.median(lengths))
+
     def idle_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Times and the number of idle nodes from each time on."""
         pairs = [(t, int(mask.sum())) for t, mask in self.steps()]

@@ -1,0 +1,180 @@
+"""``parsl-bf replay``: replay a trace with a policy and write the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from ..allocation import Objective
+from .errors import ReplayInputError
+from .jobsets import default_data_dir, load_job_set
+from .policies import POLICIES, make_policy
+from .report import summary_table, write_report
+from .simulator import ReplayConfig, replay
+from .swf import load_swf
+from .trace import load_trace
+
+__all__ = ["add_parser", "parse_duration"]
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from ``3600``, ``90m``, ``48h`` or ``2d``."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 3600, 90m, 48h)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay an idle-node trace with an allocation policy",
+        description="Replay elastic training jobs on the idle nodes of a recorded trace, with "
+        "the accounting of the original BFTrainer replayer, and write summary.json, steps.csv "
+        "and plots. Ends with the summary as one JSON line.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", type=Path, help="trace directory (default: the dev trace)")
+    src.add_argument("--swf", type=Path, help="Standard Workload Format log instead of a trace")
+    p.add_argument("--swf-nodes", type=int, help="machine nodes for --swf (default: header)")
+    p.add_argument("--procs-per-node", type=int, default=1, help="SWF processors per node")
+    p.add_argument(
+        "--jobs",
+        default="hps-shufflenet-10J",
+        help="job-set file, or a set name under the data's jobs/ (default %(default)s)",
+    )
+    p.add_argument("--policy", choices=POLICIES, default="milp")
+    p.add_argument("--objective", choices=[o.value for o in Objective], default="throughput")
+    p.add_argument(
+        "--tfwd",
+        default="auto",
+        help="look-ahead seconds, or 'auto': the median hole length (default)",
+    )
+    p.add_argument("--time-limit", type=float, default=10.0, help="solver limit, s")
+    p.add_argument("--max-jobs", type=int, default=10, help="concurrent jobs (default 10)")
+    p.add_argument("--nodes", type=int, help="use the first N nodes (by col_index)")
+    p.add_argument("--node-offset", type=int, default=0, help="skip the first K nodes")
+    p.add_argument("--start", type=parse_duration, default=0, help="window start (48h, 90m, s)")
+    p.add_argument("--end", type=parse_duration, help="window end (default: trace end)")
+    p.add_argument("--out", type=Path, help="report directory (default runs/replay-<time>)")
+    p.set_defaults(func=run)
+
+
+def _jobs_path(spec: str) -> Path:
+    path = Path(spec)
+    if path.exists() or path.suffix in (".json", ".csv"):
+        return path
+    return default_data_dir() / "jobs" / f"{spec}.json"
+
+
+def _progress(end_s: int, start_s: int):
+    """A rich progress bar on a terminal, else a log line every 10% of simulated time."""
+    total = max(1, end_s - start_s)
+    began = time.perf_counter()
+    if sys.stderr.isatty():
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(
+            TextColumn("replay"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            transient=True,
+        )
+        task = bar.add_task("", total=total)
+        bar.start()
+
+        def update(t: int, events: int) -> None:
+            rate = events / max(1e-9, time.perf_counter() - began)
+            bar.update(
+                task,
+                completed=t - start_s,
+                description=f"{(t - start_s) / 3600:7.1f} h simulated, {rate:6.0f} events/s",
+            )
+
+        return update, bar.stop
+    mark = [0.0]
+
+    def log(t: int, events: int) -> None:
+        done = (t - start_s) / total
+        if done >= mark[0] + 0.1:
+            mark[0] = done
+            print(
+                f"replay: {100 * done:3.0f}% ({(t - start_s) / 3600:.1f} h simulated, "
+                f"{events} events, {time.perf_counter() - began:.0f} s)",
+                file=sys.stderr,
+            )
+
+    return log, lambda: None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.swf:
+            trace, stats = load_swf(args.swf, args.swf_nodes, args.procs_per_node)
+            source = {
+                "swf": str(args.swf),
+                "swf_jobs": stats.jobs,
+                "swf_skipped": stats.skipped,
+                "swf_squeezed": stats.squeezed,
+            }
+        else:
+            trace_dir = args.trace or default_data_dir() / "trace"
+            trace = load_trace(trace_dir, args.nodes, args.node_offset)
+            source = {"trace": str(trace_dir)}
+        jobs = load_job_set(_jobs_path(args.jobs))
+    except (OSError, ReplayInputError) as exc:
+        print(f"parsl-bf replay: error: {exc}", file=sys.stderr)
+        return 2
+    end = trace.end_s if args.end is None else min(args.end, trace.end_s)
+    if end <= args.start:
+        print(
+            f"parsl-bf replay: error: empty window: start {args.start} s, end {end} s "
+            f"(the trace lasts {trace.end_s} s)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.tfwd == "auto":
+        tfwd = trace.suggest_tfwd(args.start, end)
+        print(f"T_fwd = {tfwd:.0f} s (median hole length of the replayed nodes)", file=sys.stderr)
+    else:
+        tfwd = float(args.tfwd)
+    config = ReplayConfig(
+        tfwd=tfwd,
+        objective=Objective(args.objective),
+        max_jobs=args.max_jobs,
+        start_s=args.start,
+        end_s=end,
+    )
+    update, finish = _progress(end, args.start)
+    began = time.perf_counter()
+    try:
+        result = replay(trace, jobs, make_policy(args.policy, args.time_limit), config, update)
+    finally:
+        finish()
+    out = args.out or Path("runs") / time.strftime("replay-%Y%m%d-%H%M%S")
+    meta = {
+        "policy": args.policy,
+        "objective": args.objective,
+        "tfwd": tfwd,
+        "nodes": len(trace.nodes),
+        "node_offset": args.node_offset,
+        "jobs": str(args.jobs),
+        "max_jobs": args.max_jobs,
+        "start_s": args.start,
+        "end_s": end,
+        "wall_s": round(time.perf_counter() - began, 2),
+        "report": str(out),
+        **source,
+    }
+    write_report(result, out, meta)
+    print(summary_table(result.summary))
+    print(f"report: {out}")
+    print(json.dumps({**result.summary, **meta}))
+    return 0

@@ -1,0 +1,95 @@
+"""Replay outputs: ``summary.json``, ``steps.csv`` and PNG plots in one directory."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+from .simulator import ReplayResult, StepRow
+
+__all__ = ["write_report", "summary_table"]
+
+
+def write_report(result: ReplayResult, out_dir: str | Path, meta: dict | None = None) -> Path:
+    """Write the summary, the per-event rows and the plots; returns the directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({**result.summary, **(meta or {})}, indent=2))
+    names = [f.name for f in dataclasses.fields(StepRow)]
+    with (out / "steps.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(names)
+        for row in result.steps:
+            writer.writerow([getattr(row, n) for n in names])
+    _plots(result, out)
+    return out
+
+
+def _plots(result: ReplayResult, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours = [r.t_s / 3600 for r in result.steps]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.step(hours, [r.idle_nodes for r in result.steps], where="post", label="idle nodes")
+    ax.step(hours, [r.alloc_nodes for r in result.steps], where="post", label="allocated")
+    ax.set(xlabel="hours", ylabel="nodes", title="Idle vs allocated nodes")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "nodes.png", dpi=110)
+    plt.close(fig)
+
+    for name, series, ylabel in (
+        ("tasks.png", result.task_nodes, "nodes"),
+        ("samples.png", result.task_samples, "cumulative samples"),
+    ):
+        fig, ax = plt.subplots(figsize=(10, 4))
+        for task, points in series.items():
+            ax.step(
+                [t / 3600 for t, _ in points],
+                [v for _, v in points],
+                where="post",
+                label=task,
+                linewidth=0.8,
+            )
+        ax.set(
+            xlabel="hours",
+            ylabel=ylabel,
+            title="Nodes per task" if name == "tasks.png" else "Samples per task",
+        )
+        if len(series) <= 12:
+            ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+
+
+def summary_table(summary: dict) -> str:
+    """The headline figures as an aligned two-column table."""
+    rows = [
+        ("util", summary["util"]),
+        ("E_used", summary["E_used"]),
+        ("E_avail", summary["E_avail"]),
+        ("samples", summary["samples"]),
+        ("jobs done / admitted", f"{summary['jobs_done']} / {summary['jobs_admitted']}"),
+        ("makespan h", None if summary["makespan_s"] is None else summary["makespan_s"] / 3600),
+        ("replayed h", summary["replayed_s"] / 3600),
+        ("events / solves", f"{summary['events']} / {summary['solves']}"),
+        (
+            "solve s p50 / p95 / max",
+            "{p50:.3f} / {p95:.3f} / {max:.3f}".format(**summary["solve_s"]),
+        ),
+        ("solve status", ", ".join(f"{k} {v}" for k, v in summary["solve_status"].items())),
+        ("rescales / preemptions", f"{summary['rescales']} / {summary['preemptions']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = []
+    for key, value in rows:
+        if isinstance(value, float):
+            value = f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
+        lines.append(f"{key:<{width}}  {'-' if value is None else value}")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""Atomic checkpoints: write to a temporary file, fsync, then rename.
+
+A checkpoint is ``ckpt-<samples>.pt`` in its directory; a write killed half-way leaves only a
+``.tmp`` file, which is never read. Loading takes the newest readable checkpoint, warning about
+(and skipping) any unreadable one, so a SIGKILL loses at most the work since the previous one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CheckpointError", "save_checkpoint", "load_latest", "checkpoints"]
+
+log = logging.getLogger(__name__)
+_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was expected."""
+
+
+def checkpoints(directory: str | Path) -> list[Path]:
+    """Complete checkpoints in ``directory``, newest (most samples) first."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def save_checkpoint(
+    directory: str | Path, state: dict[str, Any], samples: int, keep: int = 2
+) -> Path:
+    """Write ``state`` atomically as the checkpoint at ``samples``; keep the ``keep`` newest."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / f"ckpt-{samples:015d}.pt"
+    tmp = d / f".{final.name}.{os.getpid()}.tmp"
+    with tmp.open("wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    for old in checkpoints(d)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load_latest(directory: str | Path) -> dict[str, Any] | None:
+    """The newest readable checkpoint's state; None if there is none at all."""
+    found = checkpoints(directory)
+    bad = []
+    for path in found:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # any unreadable file: truncated, foreign, corrupted
+            log.warning("skipping unreadable checkpoint %s: %s", path, exc)
+            bad.append(f"{path.name} ({type(exc).__name__})")
+    if bad:
+        raise CheckpointError(f"no readable checkpoint in {directory}: {', '.join(bad)}")
+    return None

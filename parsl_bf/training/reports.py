@@ -1,0 +1,71 @@
+"""Progress reports of a fragment, and the profiler that learns scaling curves from them.
+
+Rank 0 appends one JSON object per line to the report file: ``start`` (a run of the fragment at
+world size ``world`` began; ``resume_s`` is the time from process start to the first step,
+``stopped_at`` the wall time its predecessor stopped), ``step`` (samples/s over the last
+interval, loss), ``stop`` (checkpointed on a signal) and ``done``. The executor reads these, and
+:class:`ScalingProfiler` turns them into the allocator's scaling curve and rescale cost.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ReportSink", "read_reports", "ScalingProfiler"]
+
+
+class ReportSink:
+    """Appends report lines to a file (one ``write`` per line, so readers see whole lines)."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"t": time.time(), "event": event, **fields}) + "\n"
+        with self.path.open("a") as f:
+            f.write(line)
+
+
+def read_reports(path: str | Path) -> list[dict[str, Any]]:
+    """All complete report lines of a file (a partly written last line is ignored)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+class ScalingProfiler:
+    """Scaling curve (median samples/s per world size) and rescale cost from reports."""
+
+    def __init__(self, reports: list[dict[str, Any]]) -> None:
+        self.rates: dict[int, list[float]] = defaultdict(list)
+        self.rescale_s: list[float] = []
+        for r in reports:
+            if r["event"] == "step" and r.get("rate"):
+                self.rates[int(r["world"])].append(float(r["rate"]))
+            elif r["event"] == "start" and r.get("stopped_at"):
+                self.rescale_s.append(float(r["first_step_at"]) - float(r["stopped_at"]))
+
+    def curve(self) -> tuple[list[int], list[float]]:
+        """(node counts, samples/s) from 0, as a TaskSpec curve."""
+        sizes = sorted(self.rates)
+        return [0, *sizes], [0.0, *(statistics.median(self.rates[n]) for n in sizes)]
+
+    def rescale_cost(self) -> float | None:
+        """Median seconds from a fragment's stop to its first step at the new size."""
+        return statistics.median(self.rescale_s) if self.rescale_s else None

@@ -1,0 +1,112 @@
+"""A fragment's rank: ``python -m parsl_bf.training.worker`` under ``mpiexec``.
+
+    mpiexec -n 2 python -m parsl_bf.training.worker --task parsl_bf.training.examples:digits_cnn \
+        --work 20000 --checkpoint-dir ckpt/ --report progress.jsonl --result result.json
+
+SIGTERM or SIGUSR1 (preemption, or a rescale decided by the executor) makes every rank finish
+its step, checkpoint and exit 0 with ``"status": "stopped"`` in the result file; starting the
+same command again, at any world size, continues from the checkpoint. Ranks of several
+launchers form one fragment with ``--rendezvous DIR --group g --groups G``. Exit codes: 0 done
+or stopped, 2 bad input (message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+from mpi4py import MPI
+
+from .checkpoint import CheckpointError
+from .rendezvous import join
+from .reports import ReportSink
+from .trainer import ElasticTrainer, TrainingInputError, TrainingTask
+
+__all__ = ["main", "load_task"]
+
+
+def load_task(spec: str, options: dict) -> TrainingTask:
+    """The task that ``module:function`` builds with ``options``."""
+    module, _, name = spec.partition(":")
+    if not name:
+        raise TrainingInputError(f"task {spec!r}: expected module:function")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise TrainingInputError(f"task {spec!r}: {exc}") from None
+    return factory(**options)
+
+
+def _share_cores(comm: MPI.Comm) -> None:
+    """One intra-op thread pool per rank would oversubscribe a node: split its cores."""
+    import os
+
+    import torch
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED).size
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="parsl_bf.training.worker", description=__doc__)
+    ap.add_argument("--task", required=True, help="module:function returning a TrainingTask")
+    ap.add_argument("--options", default="{}", help="JSON keyword arguments for the task")
+    ap.add_argument("--work", type=int, required=True, help="samples to train in total")
+    ap.add_argument("--checkpoint-dir", type=Path, required=True)
+    ap.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    ap.add_argument("--report", type=Path, help="progress report file (JSON lines)")
+    ap.add_argument("--result", type=Path, help="result file written by rank 0 (JSON)")
+    ap.add_argument("--rendezvous", type=Path, help="directory shared by the groups")
+    ap.add_argument("--group", type=int, default=0)
+    ap.add_argument("--groups", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    stop = {"asked": False}
+
+    def ask_stop(signum, frame) -> None:  # checked between steps
+        stop["asked"] = True
+
+    signal.signal(signal.SIGTERM, ask_stop)
+    signal.signal(signal.SIGUSR1, ask_stop)
+    comm = join(args.rendezvous, args.group, args.groups) if args.groups > 1 else MPI.COMM_WORLD
+    _share_cores(comm)
+    try:
+        task = load_task(args.task, json.loads(args.options))
+        trainer = ElasticTrainer(
+            task,
+            comm,
+            args.checkpoint_dir,
+            args.work,
+            checkpoint_every=args.checkpoint_every,
+            reports=ReportSink(args.report if comm.rank == 0 else None),
+            should_stop=lambda: stop["asked"],
+        )
+        outcome = trainer.run()
+    except (TrainingInputError, CheckpointError, json.JSONDecodeError) as exc:
+        # Raised on every rank alike (the checks are collective): a clean exit.
+        if comm.rank == 0:
+            print(f"parsl_bf.training.worker: error: {exc}", file=sys.stderr)
+        return 2
+    except BaseException:
+        # Anything else may have hit one rank only; the others would wait in a collective
+        # for ever. Abort the whole fragment: it resumes from its last checkpoint.
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        raise
+    if comm.rank == 0 and args.result:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.result.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(outcome)))
+        tmp.replace(args.result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

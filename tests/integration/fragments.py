@@ -1,0 +1,115 @@
+"""Helpers to run training fragments with the real mpiexec."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+TASK = "parsl_bf.training.examples:digits_cnn"
+
+
+def worker_args(tmp: Path, work: int, task: str = TASK, **extra) -> list[str]:
+    args = [
+        sys.executable,
+        "-m",
+        "parsl_bf.training.worker",
+        "--task",
+        task,
+        "--work",
+        str(work),
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--report",
+        str(tmp / "report.jsonl"),
+        "--result",
+        str(tmp / "result.json"),
+    ]
+    for key, value in extra.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run(n: int, tmp: Path, work: int, timeout: float = 300, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MPIEXEC, "-n", str(n), *worker_args(tmp, work, **extra)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start(n: int, tmp: Path, work: int, **extra) -> subprocess.Popen:
+    return subprocess.Popen(
+        [MPIEXEC, "-n", str(n), *worker_args(tmp, work, **extra)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def result(tmp: Path) -> dict:
+    return json.loads((tmp / "result.json").read_text())
+
+
+def rank_pids(launcher: subprocess.Popen, n: int, timeout: float = 60) -> list[int]:
+    """PIDs of the fragment's rank processes (the workers under mpiexec's proxy)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            ours = b"parsl_bf.training.worker" in cmd and b"PMI_RANK=" in environ
+            if ours and _descends(int(proc.name), launcher.pid):
+                found.append(int(proc.name))
+        if len(found) == n:
+            return sorted(found)
+        time.sleep(0.2)
+    raise TimeoutError(f"{n} ranks of {launcher.pid} not found")
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
+def wait_for_report(tmp: Path, event: str, min_samples: int = 0, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = tmp / "report.jsonl"
+        if path.exists():
+            for line in reversed(path.read_text().splitlines()):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if r["event"] == event and r["samples"] >= min_samples:
+                    return r
+        time.sleep(0.1)
+    raise TimeoutError(f"no {event} report with ≥ {min_samples} samples")

@@ -1,0 +1,145 @@
+"""Elastic fragments with real mpiexec and real rank processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from parsl_bf.training import load_latest
+from parsl_bf.training.checkpoint import checkpoints
+
+from .fragments import (
+    MPIEXEC,
+    ROOT,
+    env,
+    rank_pids,
+    result,
+    run,
+    start,
+    wait_for_report,
+    worker_args,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _params(tmp: Path) -> dict[str, torch.Tensor]:
+    return load_latest(tmp / "ckpt")["model"]
+
+
+def test_rescaled_run_equals_uninterrupted_run(tmp_path: Path) -> None:
+    """2 ranks throughout vs 2 → 1 → 3 → 2 with checkpoints between: same model, same samples.
+
+    Boundaries sit on the step grid (global batch 64; the 1,437-sample epoch ends with a
+    29-sample step), so both runs take exactly the same steps.
+    """
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    done = run(2, whole, 2500)
+    assert done.returncode == 0, done.stderr
+    for world, work in ((2, 640), (1, 1437 + 128), (3, 1437 + 640), (2, 2500)):
+        step = run(world, parts, work)
+        assert step.returncode == 0, step.stderr
+        assert result(parts)["samples"] == work and result(parts)["world"] == world
+    assert result(whole)["samples"] == result(parts)["samples"] == 2500
+    a, b = _params(whole), _params(parts)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_sigterm_checkpoints_and_resume_loses_nothing(tmp_path: Path) -> None:
+    launcher = start(2, tmp_path, 10**6, checkpoint_every=1000)
+    try:
+        pids = rank_pids(launcher, 2)
+        wait_for_report(tmp_path, "step", min_samples=1000)
+        os.kill(pids[1], signal.SIGTERM)  # one rank only, mid-epoch
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    stopped = result(tmp_path)
+    assert stopped["status"] == "stopped" and 1000 <= stopped["samples"] < 10**6
+    # The stop checkpoint holds every step taken: nothing to redo.
+    assert load_latest(tmp_path / "ckpt")["samples"] == stopped["samples"]
+    finish = run(1, tmp_path, stopped["samples"] + 700)
+    assert finish.returncode == 0, finish.stderr
+    assert result(tmp_path)["status"] == "done"
+    assert result(tmp_path)["samples"] == stopped["samples"] + 700
+
+
+def test_sigkill_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
+    launcher = start(2, tmp_path, 10**6, checkpoint_every=10)
+    try:
+        pids = rank_pids(launcher, 2)
+        wait_for_report(tmp_path, "step", min_samples=2000)
+        os.kill(pids[0], signal.SIGKILL)
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    assert not (tmp_path / "result.json").exists()
+    saved = load_latest(tmp_path / "ckpt")["samples"]
+    assert saved > 0
+    # What a write killed half-way leaves, and a damaged newer file: both ignored.
+    (tmp_path / "ckpt" / ".ckpt-000000099999999.pt.1.tmp").write_bytes(b"partial")
+    (tmp_path / "ckpt" / f"ckpt-{saved + 640:015d}.pt").write_bytes(b"\x80\x02garbage")
+    finish = run(2, tmp_path, saved + 640 + 64)
+    assert finish.returncode == 0, finish.stderr
+    assert "skipping unreadable checkpoint" in finish.stderr
+    first = wait_for_report(tmp_path, "start", min_samples=saved)
+    assert first["samples"] == saved + 64  # resumed at the good checkpoint, one step later
+    assert result(tmp_path)["samples"] == saved + 640 + 64
+
+
+def test_ranks_of_separate_launchers_form_one_fragment(tmp_path: Path) -> None:
+    """One mpiexec with 1 rank and another with 2 ranks: a world of 3, via Open_port/Connect."""
+    common = {"rendezvous": tmp_path / "rdv", "groups": 2}
+    first = subprocess.Popen(
+        [MPIEXEC, "-n", "1", *worker_args(tmp_path, 1500, group=0, **common)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    second = subprocess.run(
+        [MPIEXEC, "-n", "2", *worker_args(tmp_path, 1500, group=1, **common)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert second.returncode == 0, second.stderr
+    out = result(tmp_path)
+    assert out["world"] == 3 and out["samples"] == 1500 and out["status"] == "done"
+
+
+@pytest.mark.parametrize(
+    ("n", "args", "message"),
+    [
+        (
+            2,
+            {"task": "tests.training_tasks:rank_dependent_model"},
+            "parameters differ across ranks",
+        ),
+        (3, {"options": '{"global_batch": 2}'}, "exceeds the samples per step"),
+        (1, {"task": "no.such.module:task"}, "No module named"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path: Path, n: int, args: dict, message: str) -> None:
+    proc = run(n, tmp_path, 1000, **args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "ckpt-000000000000640.pt").write_text("not a checkpoint")
+    proc = run(1, tmp_path, 1000)
+    assert proc.returncode != 0
+    assert "no readable checkpoint" in proc.stderr and "ckpt-000000000000640.pt" in proc.stderr
+    assert checkpoints(tmp_path / "ckpt")  # nothing was deleted
