@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_latest", "checkpoints"]
+__all__ = ["CheckpointError", "save_checkpoint", "load", "latest", "load_latest", "checkpoints"]
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -52,16 +52,25 @@ def save_checkpoint(
     return final
 
 
-def load_latest(directory: str | Path) -> dict[str, Any] | None:
-    """The newest readable checkpoint's state; None if there is none at all."""
-    found = checkpoints(directory)
+def load(path: str | Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def latest(directory: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest readable checkpoint and its state; None if there is none at all."""
     bad = []
-    for path in found:
+    for path in checkpoints(directory):
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return path, load(path)
         except Exception as exc:  # any unreadable file: truncated, foreign, corrupted
             log.warning("skipping unreadable checkpoint %s: %s", path, exc)
             bad.append(f"{path.name} ({type(exc).__name__})")
     if bad:
         raise CheckpointError(f"no readable checkpoint in {directory}: {', '.join(bad)}")
     return None
+
+
+def load_latest(directory: str | Path) -> dict[str, Any] | None:
+    """The newest readable checkpoint's state; None if there is none at all."""
+    found = latest(directory)
+    return None if found is None else found[1]

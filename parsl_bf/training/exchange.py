@@ -1,8 +1,13 @@
-"""Gradient averaging over MPI: one in-place Allreduce of one contiguous buffer.
+"""Gradient averaging over MPI: in-place Allreduce of one contiguous buffer, in buckets.
 
 :class:`FlatGradients` allocates a single float32 buffer for all gradients and makes every
 parameter's ``.grad`` a view into it, so backward writes straight into the buffer and the
-exchange is one ``Allreduce(IN_PLACE)`` with no packing or unpacking copy.
+exchange needs no packing or unpacking copy. Two measured choices (``benchmarks/allreduce.py``):
+- the buffer is allocated by numpy and shared with torch (``torch.from_numpy``): numpy's large
+  allocations are huge-page backed, and MPICH's shared-memory Allreduce ran 1.2-1.7x faster on
+  them than on torch-allocated memory;
+- the buffer is reduced in buckets of 2^20 floats (4 MB) rather than in one call: at 2 ranks one
+  25 M-float call took 56 ms, 4 MB buckets 26 ms (they stay in cache).
 """
 
 from __future__ import annotations
@@ -11,17 +16,20 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["FlatGradients", "allreduce_per_parameter"]
+__all__ = ["FlatGradients", "allreduce_per_parameter", "BUCKET_FLOATS"]
+
+BUCKET_FLOATS = 1 << 20
 
 
 class FlatGradients:
     """The gradients of ``params`` as views into one flat buffer."""
 
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], bucket: int = BUCKET_FLOATS) -> None:
         self.params = [p for p in params if p.requires_grad]
+        self.bucket = bucket
         total = sum(p.numel() for p in self.params)
-        self.buffer = torch.zeros(total, dtype=torch.float32)
-        self._array = self.buffer.numpy()  # shares memory with the tensor
+        self._array = np.zeros(total, dtype=np.float32)
+        self.buffer = torch.from_numpy(self._array)  # the same memory
         offset = 0
         for p in self.params:
             if p.dtype != torch.float32:
@@ -43,9 +51,11 @@ class FlatGradients:
             offset += n
 
     def allreduce(self, comm: MPI.Comm) -> None:
-        """Sum the gradients of all ranks in place."""
-        if comm.size > 1:
-            comm.Allreduce(MPI.IN_PLACE, self._array, op=MPI.SUM)
+        """Sum the gradients of all ranks in place, bucket by bucket."""
+        if comm.size == 1:
+            return
+        for start in range(0, len(self._array), self.bucket):
+            comm.Allreduce(MPI.IN_PLACE, self._array[start : start + self.bucket], op=MPI.SUM)
 
 
 def allreduce_per_parameter(params: list[torch.nn.Parameter], comm: MPI.Comm) -> None:

@@ -5,9 +5,11 @@
 
 SIGTERM or SIGUSR1 (preemption, or a rescale decided by the executor) makes every rank finish
 its step, checkpoint and exit 0 with ``"status": "stopped"`` in the result file; starting the
-same command again, at any world size, continues from the checkpoint. Ranks of several
-launchers form one fragment with ``--rendezvous DIR --group g --groups G``. Exit codes: 0 done
-or stopped, 2 bad input (message on stderr).
+same command again, at any world size, continues from the checkpoint. A rescale is fastest as a
+warm start: launch the new size with ``--after OLD_RESULT`` at the moment of the decision, then
+signal the old ranks; the new ranks import torch and build the model while the old ones stop.
+Ranks of several launchers form one fragment with ``--rendezvous DIR --group g --groups G``.
+Exit codes: 0 done or stopped, 2 bad input (message on stderr).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
+import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -43,10 +47,30 @@ def load_task(spec: str, options: dict) -> TrainingTask:
     return factory(**options)
 
 
+def _process_started_at() -> float | None:
+    """Wall-clock start of this process (Linux), to report how long start-up took."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(x.split()[1])
+            for x in Path("/proc/stat").read_text().splitlines()
+            if x.startswith("btime")
+        )
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_for_file(path: Path | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while path is not None and not path.exists():
+        if time.monotonic() > deadline:
+            raise TrainingInputError(f"--after {path}: not there after {timeout:.0f} s")
+        time.sleep(0.01)
+
+
 def _share_cores(comm: MPI.Comm) -> None:
     """One intra-op thread pool per rank would oversubscribe a node: split its cores."""
-    import os
-
     import torch
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED).size
@@ -65,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rendezvous", type=Path, help="directory shared by the groups")
     ap.add_argument("--group", type=int, default=0)
     ap.add_argument("--groups", type=int, default=1)
+    ap.add_argument(
+        "--after",
+        type=Path,
+        help="warm start: get ready, then wait for this file (the previous run's "
+        "result) before reading the checkpoint",
+    )
+    ap.add_argument("--after-timeout", type=float, default=600.0, help="seconds to wait for it")
     args = ap.parse_args(argv)
 
     stop = {"asked": False}
@@ -86,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_every=args.checkpoint_every,
             reports=ReportSink(args.report if comm.rank == 0 else None),
             should_stop=lambda: stop["asked"],
+            started_at=_process_started_at(),
+            before_load=lambda: _wait_for_file(args.after, args.after_timeout),
         )
         outcome = trainer.run()
     except (TrainingInputError, CheckpointError, json.JSONDecodeError) as exc:

@@ -143,3 +143,32 @@ def test_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "no readable checkpoint" in proc.stderr and "ckpt-000000000000640.pt" in proc.stderr
     assert checkpoints(tmp_path / "ckpt")  # nothing was deleted
+
+
+def test_warm_start_waits_for_the_previous_run(tmp_path: Path) -> None:
+    """The next size starts before the old run stops, and resumes from the stop checkpoint."""
+    old = start(2, tmp_path, 10**6, checkpoint_every=1000)
+    try:
+        pids = rank_pids(old, 2)
+        wait_for_report(tmp_path, "step", min_samples=640)
+        args = worker_args(tmp_path, 10**6, after=tmp_path / "result.json")
+        args[args.index("--result") + 1] = str(tmp_path / "result-new.json")
+        new = subprocess.Popen(
+            [MPIEXEC, "-n", "1", *args],
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
+        assert old.wait(timeout=120) == 0
+        stopped = result(tmp_path)["samples"]
+        resumed = wait_for_report(tmp_path, "start", min_samples=stopped + 1)
+        assert resumed["samples"] == stopped + 64 and resumed["world"] == 1
+        for pid in rank_pids(new, 1):
+            os.kill(pid, signal.SIGTERM)
+        assert new.wait(timeout=120) == 0, new.stderr.read()
+    finally:
+        old.kill()

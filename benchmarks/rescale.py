@@ -1,0 +1,124 @@
+"""Rescale cost of a ResNet-18 fragment on CPU: from the decision to the first step at the new
+size, for a shrink 4 → 2 and a grow 2 → 4 (median of 5 each).
+
+A rescale as the executor does it (a warm start): at the decision, a new mpiexec starts the new
+world size with ``--after`` the old run's result file, and the old ranks get SIGUSR1; they finish
+their step, rank 0 writes the checkpoint and the result, they exit; meanwhile the new ranks have
+imported torch and built the model and optimizer, and now load the checkpoint and take a step.
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.integration.fragments import rank_pids  # noqa: E402
+
+TASK = "parsl_bf.training.examples:resnet18_synthetic"
+
+
+def launch(world: int, tmp: Path, run: int) -> subprocess.Popen:
+    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
+    args = [
+        mpiexec,
+        "-n",
+        str(world),
+        sys.executable,
+        "-m",
+        "parsl_bf.training.worker",
+        "--task",
+        TASK,
+        "--options",
+        json.dumps({"samples": 128, "image": 64}),
+        "--work",
+        str(10**9),
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--checkpoint-every",
+        "1000",
+        "--report",
+        str(tmp / "report.jsonl"),
+        "--result",
+        str(tmp / "result.json"),
+    ]
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def reports(tmp: Path) -> list[dict]:
+    path = tmp / "report.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def starts(tmp: Path) -> list[dict]:
+    return [r for r in reports(tmp) if r["event"] == "start"]
+
+
+def wait_until(pred, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError("fragment did not report in time")
+        time.sleep(0.05)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    timings: dict[str, list[float]] = {"shrink": [], "grow": []}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        world = 4
+        proc = launch(world, tmp, 0)
+        print(f"{'rescale':>8} {'from':>4} {'to':>3} {'seconds':>8}")
+        for run in range(2 * args.repeats):
+            # The current run must be training (its first step done) before the decision.
+            wait_until(lambda run=run: len(starts(tmp)) > run)
+            pids = rank_pids(proc, world)
+            new = 2 if world == 4 else 4
+            decided = time.time()
+            following = launch(new, tmp, run + 1)
+            for pid in pids:
+                os.kill(pid, signal.SIGUSR1)
+            if proc.wait(timeout=300) != 0:
+                print(proc.stderr.read(), file=sys.stderr)
+                return 1
+            proc = following
+            wait_until(lambda run=run: len(starts(tmp)) > run + 1)
+            seconds = starts(tmp)[-1]["first_step_at"] - decided
+            kind = "shrink" if new < world else "grow"
+            timings[kind].append(seconds)
+            print(f"{kind:>8} {world:>4} {new:>3} {seconds:>8.2f}")
+            world = new
+        for pid in rank_pids(proc, world):
+            os.kill(pid, signal.SIGTERM)
+        proc.wait(timeout=300)
+    figures = {f"{k}_s": round(statistics.median(v), 2) for k, v in timings.items()}
+    print(
+        f"median: shrink {figures['shrink_s']} s, grow {figures['grow_s']} s "
+        "(the paper's Elastic Horovod: 11-19 s)"
+    )
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

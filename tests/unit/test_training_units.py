@@ -1,0 +1,104 @@
+"""Pure parts of the trainer: sample accounting, the flat gradient buffer, checkpoints, reports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsl_bf.training import (
+    CheckpointError,
+    FlatGradients,
+    ReportSink,
+    ScalingProfiler,
+    epoch_order,
+    load_latest,
+    rank_share,
+    read_reports,
+    save_checkpoint,
+    step_indices,
+)
+from parsl_bf.training.checkpoint import checkpoints
+from parsl_bf.training.data import step_batch
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    batch=st.integers(1, 64),
+    worlds=st.lists(st.integers(1, 8), min_size=1, max_size=30),
+    seed=st.integers(0, 2**16),
+)
+def test_every_sample_once_per_epoch_whatever_the_world_sizes(n, batch, worlds, seed) -> None:
+    """Steps at changing world sizes, as after rescales: each epoch is an exact permutation."""
+    seen: dict[int, list[int]] = {}
+    samples, k = 0, 0
+    while samples < 2 * n:
+        world = worlds[k % len(worlds)]
+        epoch, offset = divmod(samples, n)
+        order = epoch_order(seed, epoch, n)
+        b = step_batch(batch, n, offset, 2 * n - samples)
+        for rank in range(world):
+            seen.setdefault(epoch, []).extend(step_indices(order, offset, b, world, rank).tolist())
+        samples += b
+        k += 1
+    for epoch in (0, 1):
+        assert sorted(seen[epoch]) == list(range(n))
+
+
+@given(batch=st.integers(0, 500), world=st.integers(1, 64))
+def test_rank_shares_tile_the_batch(batch, world) -> None:
+    shares = [rank_share(batch, world, r) for r in range(world)]
+    assert shares[0][0] == 0 and shares[-1][1] == batch
+    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:], strict=False))
+    sizes = [b - a for a, b in shares]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_gradients_land_in_one_flat_buffer() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    grads = FlatGradients(list(model.parameters()))
+    assert grads.buffer.numel() == sum(p.numel() for p in model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        assert torch.equal(grads.buffer[offset : offset + n].view_as(p), p.grad)
+        offset += n
+    assert grads.buffer.abs().sum() > 0
+    grads.zero()
+    assert all(float(p.grad.abs().sum()) == 0 for p in model.parameters())
+    torch.optim.SGD(model.parameters(), lr=0.1).zero_grad(set_to_none=True)
+    grads.rebind()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_checkpoints_are_atomic_and_the_newest_readable_wins(tmp_path) -> None:
+    for samples in (64, 128, 192):
+        save_checkpoint(tmp_path, {"samples": samples, "w": torch.ones(2) * samples}, samples)
+    assert [int(p.name[5:-3]) for p in checkpoints(tmp_path)] == [192, 128]  # keeps two
+    (tmp_path / ".ckpt-000000000000999.pt.7.tmp").write_bytes(b"half a file")
+    assert load_latest(tmp_path)["samples"] == 192
+    (tmp_path / "ckpt-000000000000256.pt").write_bytes(b"corrupt")
+    assert load_latest(tmp_path)["samples"] == 192
+    assert load_latest(tmp_path / "empty") is None
+    for p in checkpoints(tmp_path):
+        p.write_bytes(b"corrupt")
+    with pytest.raises(CheckpointError, match="no readable checkpoint"):
+        load_latest(tmp_path)
+
+
+def test_profiler_learns_the_curve_and_the_rescale_cost(tmp_path) -> None:
+    sink = ReportSink(tmp_path / "r" / "report.jsonl")
+    for world, rates in ((1, [100, 110, 90]), (2, [190, 180])):
+        for rate in rates:
+            sink.emit("step", world=world, samples=0, rate=rate, loss=1.0)
+    sink.emit("start", world=2, samples=64, first_step_at=1003.5, stopped_at=1000.0)
+    with (tmp_path / "r" / "report.jsonl").open("a") as f:
+        f.write('{"t": 1, "event": "st')  # a line being written
+    profiler = ScalingProfiler(read_reports(tmp_path / "r" / "report.jsonl"))
+    assert profiler.curve() == ([0, 1, 2], [0.0, 100.0, 185.0])
+    assert profiler.rescale_cost() == pytest.approx(3.5)
+    assert np.all(np.diff(profiler.curve()[0]) > 0)
