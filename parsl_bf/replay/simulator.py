@@ -41,7 +41,6 @@ class ReplayConfig:
 class _Task:
     job: Job
     slot: int  # its code in the node-owner array
-    admitted_s: int
     nodes: list[int] = field(default_factory=list)
     samples: float = 0.0
     rate: float = 0.0  # samples/s at the current count
@@ -174,7 +173,7 @@ def replay(
         owner[joined[owner[joined] == BUSY]] = FREE
         # 3. Admission, first come first served.
         while queued < len(queue) and queue[queued].submit_s <= t and len(active) < config.max_jobs:
-            task = _Task(queue[queued], slot=len(by_slot), admitted_s=t)
+            task = _Task(queue[queued], slot=len(by_slot))
             queued += 1
             by_slot[task.slot] = task
             active.append(task)

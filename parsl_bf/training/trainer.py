@@ -123,12 +123,11 @@ class ElasticTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         grads = FlatGradients(params)
         optimizer = self.task.optimizer(params)
-        # Every rank picks and reads the newest readable checkpoint itself, in parallel (a
-        # broadcast of ~100 MB of pickled state from rank 0 was slower); then they check that
-        # they agree.
         # A warm start: everything above (imports, model, optimizer) ran while the fragment's
         # previous run was still stopping; wait for its checkpoint only now.
         self.before_load()
+        # Every rank picks and reads the newest readable checkpoint itself, in parallel (a
+        # broadcast of ~100 MB of pickled state from rank 0 was slower); they check they agree.
         found = latest(self.checkpoint_dir)
         state = None if found is None else found[1]
         picked = "" if found is None else found[0].name
@@ -170,9 +169,11 @@ class ElasticTrainer:
             optimizer.step()
             samples += batch
             steps += 1
-            total_loss = comm.allreduce(float(local.detach()), op=MPI.SUM) / batch
-            loss_value = total_loss
-            stop = comm.allreduce(bool(self.should_stop()), op=MPI.LOR)
+            # One small Allreduce for the step's loss and for "has any rank been asked to stop".
+            shared = np.array([float(local.detach()), float(self.should_stop())])
+            comm.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
+            total_loss = loss_value = float(shared[0]) / batch
+            stop = shared[1] > 0
             now = time.time()
             if first_step_at is None:
                 first_step_at = now
