@@ -6,8 +6,9 @@
 SIGTERM or SIGUSR1 (preemption, or a rescale decided by the executor) makes every rank finish
 its step, checkpoint and exit 0 with ``"status": "stopped"`` in the result file; starting the
 same command again, at any world size, continues from the checkpoint. A rescale is fastest as a
-warm start: launch the new size with ``--after OLD_RESULT`` at the moment of the decision, then
-signal the old ranks; the new ranks import torch and build the model while the old ones stop.
+warm start: launch the new size with ``--after OLD_RESULT`` (at the decision, or earlier as a
+standby that reports ``--ready``), then signal the old ranks; the new ranks import torch and
+build the model before the old ones stop, and take over from their checkpoint.
 Ranks of several launchers form one fragment with ``--rendezvous DIR --group g --groups G``.
 Exit codes: 0 done or stopped, 2 bad input (message on stderr).
 """
@@ -61,11 +62,17 @@ def _process_started_at() -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _wait_for_file(path: Path | None, timeout: float) -> None:
+def _standby(comm: MPI.Comm, ready: Path | None, after: Path | None, timeout: float) -> None:
+    """Tell (``ready``) that every rank is set up, then wait for ``after`` to exist."""
+    if ready is not None:
+        comm.Barrier()
+        if comm.rank == 0:
+            ready.parent.mkdir(parents=True, exist_ok=True)
+            ready.touch()
     deadline = time.monotonic() + timeout
-    while path is not None and not path.exists():
+    while after is not None and not after.exists():
         if time.monotonic() > deadline:
-            raise TrainingInputError(f"--after {path}: not there after {timeout:.0f} s")
+            raise TrainingInputError(f"--after {after}: not there after {timeout:.0f} s")
         time.sleep(0.01)
 
 
@@ -96,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         "result) before reading the checkpoint",
     )
     ap.add_argument("--after-timeout", type=float, default=600.0, help="seconds to wait for it")
+    ap.add_argument(
+        "--ready",
+        type=Path,
+        help="file to create once every rank has imported and built its model "
+        "(a standby fragment is then ready to take over)",
+    )
     args = ap.parse_args(argv)
 
     stop = {"asked": False}
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             reports=ReportSink(args.report if comm.rank == 0 else None),
             should_stop=lambda: stop["asked"],
             started_at=_process_started_at(),
-            before_load=lambda: _wait_for_file(args.after, args.after_timeout),
+            before_load=lambda: _standby(comm, args.ready, args.after, args.after_timeout),
         )
         outcome = trainer.run()
     except (TrainingInputError, CheckpointError, json.JSONDecodeError) as exc:
