@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,9 @@ def test_warm_start_waits_for_the_previous_run(tmp_path: Path) -> None:
     try:
         pids = rank_pids(old, 2)
         wait_for_report(tmp_path, "step", min_samples=640)
-        args = worker_args(tmp_path, 10**6, after=tmp_path / "result.json")
+        args = worker_args(
+            tmp_path, 10**6, after=tmp_path / "result.json", ready=tmp_path / "ready"
+        )
         args[args.index("--result") + 1] = str(tmp_path / "result-new.json")
         new = subprocess.Popen(
             [MPIEXEC, "-n", "1", *args],
@@ -161,6 +164,11 @@ def test_warm_start_waits_for_the_previous_run(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists():  # the standby is set up, waiting
+            assert time.monotonic() < deadline and new.poll() is None
+            time.sleep(0.1)
+        assert not (tmp_path / "result-new.json").exists()
         for pid in pids:
             os.kill(pid, signal.SIGUSR1)
         assert old.wait(timeout=120) == 0
