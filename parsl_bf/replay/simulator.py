@@ -167,6 +167,7 @@ def replay(
             preemption_loss += task.job.rescale_down_s * task.rate
             task.nodes = [x for x in task.nodes if x not in lost]
             task.rate = task.throughput(len(task.nodes))
+            task_nodes[task.job.id].append((t, len(task.nodes)))
         preemptions += len(hit)
         owner[gone] = BUSY
         joined = changed[now_idle]

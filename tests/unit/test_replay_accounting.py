@@ -54,6 +54,8 @@ def test_progress_rescale_and_preemption_charges() -> None:
     assert s["idle_node_s"] == pytest.approx(2 * 100 + 1 * 200)
     assert s["alloc_node_s"] == pytest.approx(2 * 100 + 1 * 200)
     assert s["E_used"] == pytest.approx(39_000 / 100 / 400)
+    # The per-task timeline (plotted) shows the preemption, not only the allocator's changes.
+    assert [c for _, c in result.task_nodes["a"]] == [0, 2, 1]
 
 
 def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work() -> None:
