@@ -1,0 +1,3 @@
+from .provider import LocalBackfillProvider
+
+__all__ = ["LocalBackfillProvider"]

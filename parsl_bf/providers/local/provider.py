@@ -1,0 +1,317 @@
+"""``LocalBackfillProvider``: an emulated backfill cluster on this machine (the embedded default).
+
+K emulated nodes follow an idle-node trace (a window and node subset of the shipped format,
+time-compressed) or a synthetic idle/busy cycle. ``submit()`` sizes each pilot to the best
+current hole: as many idle, unclaimed nodes as allowed, for as long as they all stay idle
+(the emulator knows the trace's future, as a scheduler knows a pending job's planned start).
+Pilots are real local processes. When the trace takes back one of a pilot's nodes, or its
+walltime ends, the pilot gets SIGTERM, then SIGKILL after the grace time, like a real
+preemption, and is reported as ``JobState.TIMEOUT`` (never FAILED, which would make Parsl give
+up on the provider). A pilot's nodes and end time are in ``provider.pilots[job_id]`` and in
+its environment (``PARSL_BF_NODES``, ``PARSL_BF_PILOT_END``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from parsl.jobs.states import TERMINAL_STATES, JobState, JobStatus
+from parsl.launchers import SingleNodeLauncher
+from parsl.launchers.base import Launcher
+from parsl.providers.base import ExecutionProvider
+from parsl.utils import RepresentationMixin
+
+from ...replay.trace import IdleTrace, load_trace
+from ..base import Pilot, parse_walltime
+from .emulation import NodeStates, synthetic_trace
+
+__all__ = ["LocalBackfillProvider"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    pilot: Pilot
+    command: str
+    tasks_per_node: int
+    proc: subprocess.Popen | None = None
+    term_sent: float | None = None  # wall time of the SIGTERM
+    out: Path | None = None
+    err: Path | None = None
+
+
+class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
+    """Pilots on an emulated backfill cluster whose idle nodes follow a trace.
+
+    Parameters
+    ----------
+    nodes : int
+        Emulated nodes (default: this machine's cores).
+    trace : str or None
+        Trace directory (bftrainer-dev format); None for a synthetic idle/busy cycle.
+    node_offset : int
+        First node of the trace to use, by ``col_index``.
+    trace_start : float
+        Trace second at which the emulation starts.
+    time_scale : float
+        Trace seconds per wall-clock second (120: one trace hour passes in 30 s).
+    idle_s, busy_s : float
+        Synthetic cycle of each node, in trace seconds (used when ``trace`` is None).
+    min_nodes, max_nodes : int
+        Nodes per pilot; a pilot waits for a hole of at least ``min_nodes``.
+    min_walltime, max_walltime : str
+        Wall-clock bounds of a pilot ("HH:MM:SS"); a hole shorter than the minimum is not used.
+    grace_s : float
+        Seconds between SIGTERM and SIGKILL at preemption, walltime end or cancel.
+    known_holes : bool
+        True: a pilot's walltime is its hole's length (the scheduler knows when the next main
+        job starts there). False: pilots ask for ``max_walltime`` and are preempted when the
+        trace takes a node back (main jobs nobody announced).
+    launcher, worker_init, init_blocks, min_blocks, max_blocks, parallelism
+        As for Parsl's providers.
+    """
+
+    def __init__(
+        self,
+        nodes: int | None = None,
+        trace: str | None = None,
+        node_offset: int = 0,
+        trace_start: float = 0.0,
+        time_scale: float = 120.0,
+        idle_s: float = 1800.0,
+        busy_s: float = 600.0,
+        min_nodes: int = 1,
+        max_nodes: int | None = None,
+        min_walltime: str = "00:00:20",
+        max_walltime: str = "01:00:00",
+        grace_s: float = 5.0,
+        known_holes: bool = True,
+        launcher: Launcher | None = None,
+        worker_init: str = "",
+        init_blocks: int = 0,
+        min_blocks: int = 0,
+        max_blocks: int = 4,
+        parallelism: float = 1.0,
+        poll_s: float = 0.1,
+    ) -> None:
+        self._label = "local-backfill"
+        self.nodes = nodes or os.cpu_count() or 1
+        self.trace_path, self.node_offset, self.trace_start = trace, node_offset, trace_start
+        self.time_scale, self.idle_s, self.busy_s = time_scale, idle_s, busy_s
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes or self.nodes
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 1 <= min_nodes ({min_nodes}) <= max_nodes ({max_nodes})")
+        self.min_walltime_s = parse_walltime(min_walltime)
+        self.max_walltime_s = parse_walltime(max_walltime)
+        self.grace_s, self.poll_s = grace_s, poll_s
+        self.known_holes = known_holes
+        self.launcher, self.worker_init = launcher or SingleNodeLauncher(), worker_init
+        self.init_blocks, self.min_blocks, self.max_blocks = init_blocks, min_blocks, max_blocks
+        self.parallelism = parallelism
+        self.nodes_per_block = 1  # nominal: each pilot's real size is in self.pilots
+        self.script_dir: str | None = None
+        self.resources: dict[str, dict] = {}
+        self.pilots: dict[str, Pilot] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.RLock()
+        self._states: NodeStates | None = None
+        self._t0 = 0.0
+        self._thread: threading.Thread | None = None
+        self._count = 0
+
+    # --- the emulated machine ---------------------------------------------------------------
+
+    def _trace(self) -> IdleTrace:
+        if self.trace_path is None:
+            horizon = self.trace_start + 10 * 86400
+            return synthetic_trace(self.nodes, self.idle_s, self.busy_s, horizon)
+        return load_trace(self.trace_path, self.nodes, self.node_offset)
+
+    def _start(self) -> None:
+        if self._thread is not None:
+            return
+        self._states = NodeStates(self._trace())
+        self._t0 = time.time()
+        self._thread = threading.Thread(target=self._loop, name="local-backfill", daemon=True)
+        self._thread.start()
+
+    def trace_time(self, wall: float | None = None) -> float:
+        """The emulated trace second at wall-clock time ``wall`` (now by default)."""
+        return self.trace_start + ((wall or time.time()) - self._t0) * self.time_scale
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._tick()
+            except Exception:  # keep emulating: a broken tick must not freeze every pilot
+                log.exception("local backfill emulation tick failed")
+            time.sleep(self.poll_s)
+
+    def _tick(self) -> None:
+        now = time.time()
+        t = self.trace_time(now)
+        assert self._states is not None
+        idle = self._states.idle_at(t)
+        with self._lock:
+            held = set()
+            for job in self._jobs.values():
+                if job.pilot.state is JobState.RUNNING:
+                    self._watch(job, idle, now)
+                    if job.pilot.state is JobState.RUNNING:
+                        held.update(job.pilot.nodes)
+            for job in self._jobs.values():
+                if job.pilot.state is JobState.PENDING:
+                    nodes = self._place(job, idle, held, t, now)
+                    held.update(nodes)
+
+    def _watch(self, job: _Job, idle, now: float) -> None:
+        pilot = job.pilot
+        assert job.proc is not None and self._states is not None
+        code = job.proc.poll()
+        if job.term_sent is not None:
+            # Ended by our signal: done once the whole process group is gone, by itself within
+            # the grace time or by SIGKILL after it.
+            if now - job.term_sent >= self.grace_s:
+                self._signal(job, signal.SIGKILL)
+            if code is not None and not self._group_alive(job):
+                cancelled = pilot.reason == "cancelled"
+                pilot.state = JobState.CANCELLED if cancelled else JobState.TIMEOUT
+            return
+        if code is not None:
+            self._signal(job, signal.SIGKILL)  # leftovers die with the job, as in a batch system
+            pilot.state = JobState.COMPLETED if code == 0 else JobState.FAILED
+            pilot.reason = f"exit code {code}"
+            return
+        index = {n: i for i, n in enumerate(self._states.names)}
+        if pilot.ends_at is not None and now >= pilot.ends_at:
+            self._terminate(job, "walltime", now)
+        elif not all(idle[index[n]] for n in pilot.nodes):
+            self._terminate(job, "preempted", now)
+
+    def _place(self, job: _Job, idle, held: set[str], t: float, now: float) -> list[str]:
+        """Start ``job`` on the best current hole, if there is one; returns its nodes."""
+        states = self._states
+        assert states is not None
+        free = [i for i, name in enumerate(states.names) if idle[i] and name not in held]
+        if len(free) < self.min_nodes:
+            return []
+        # Longest-lived nodes first: the pilot lasts as long as its shortest-lived node.
+        until = sorted(((states.idle_until(i, t), i) for i in free), reverse=True)
+        for k in range(min(self.max_nodes, len(until)), self.min_nodes - 1, -1):
+            wall_s = (until[k - 1][0] - t) / self.time_scale
+            if not self.known_holes:
+                wall_s = self.max_walltime_s
+            if wall_s >= self.min_walltime_s:
+                chosen = [states.names[i] for _, i in until[:k]]
+                self._launch(job, chosen, now, min(wall_s, self.max_walltime_s))
+                return chosen
+        return []
+
+    # --- processes --------------------------------------------------------------------------
+
+    def _launch(self, job: _Job, nodes: list[str], now: float, walltime_s: float) -> None:
+        pilot = job.pilot
+        pilot.nodes, pilot.started_at, pilot.ends_at = nodes, now, now + walltime_s
+        pilot.state = JobState.RUNNING
+        script = f"{self.worker_init}\n{self.launcher(job.command, job.tasks_per_node, 1)}\n"
+        directory = Path(self.script_dir or ".")
+        directory.mkdir(parents=True, exist_ok=True)
+        job.out = directory / f"{pilot.job_id}.stdout"
+        job.err = directory / f"{pilot.job_id}.stderr"
+        env = {
+            **os.environ,
+            "PARSL_BF_NODES": ",".join(nodes),
+            "PARSL_BF_PILOT_END": f"{pilot.ends_at:.3f}",
+            "PARSL_BF_JOB_ID": pilot.job_id,
+        }
+        with job.out.open("w") as out, job.err.open("w") as err:
+            job.proc = subprocess.Popen(
+                ["/bin/bash", "-c", script], stdout=out, stderr=err, env=env, start_new_session=True
+            )
+        log.info("pilot %s started on %s for %.0f s", pilot.job_id, ",".join(nodes), walltime_s)
+
+    def _signal(self, job: _Job, sig: int) -> None:
+        """Signal the pilot's whole process group (its session)."""
+        if job.proc is not None:
+            with contextlib.suppress(ProcessLookupError):  # nobody left
+                os.killpg(job.proc.pid, sig)
+
+    @staticmethod
+    def _group_alive(job: _Job) -> bool:
+        try:
+            os.killpg(job.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def _terminate(self, job: _Job, reason: str, now: float) -> None:
+        job.pilot.reason = reason
+        job.term_sent = now
+        self._signal(job, signal.SIGTERM)
+        log.info("pilot %s: %s, SIGTERM sent", job.pilot.job_id, reason)
+
+    # --- Parsl's provider interface ----------------------------------------------------------
+
+    def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.auto") -> str:
+        """Queue a pilot; it starts on the best hole as soon as one is there."""
+        with self._lock:
+            self._start()
+            self._count += 1
+            job_id = f"{job_name}.{self._count}"
+            pilot = Pilot(job_id)
+            self.pilots[job_id] = pilot
+            self._jobs[job_id] = _Job(pilot, command, tasks_per_node)
+            self.resources[job_id] = {"job_id": job_id}
+        self._tick()  # place it now if a hole exists
+        return job_id
+
+    def status(self, job_ids) -> list[JobStatus]:
+        with self._lock:
+            out = []
+            for job_id in job_ids:
+                job = self._jobs.get(job_id)
+                if job is None:
+                    out.append(JobStatus(JobState.UNKNOWN, "unknown job id"))
+                    continue
+                out.append(
+                    JobStatus(
+                        job.pilot.state,
+                        job.pilot.reason or None,
+                        stdout_path=str(job.out) if job.out else None,
+                        stderr_path=str(job.err) if job.err else None,
+                    )
+                )
+            return out
+
+    def cancel(self, job_ids) -> list[bool]:
+        now = time.time()
+        with self._lock:
+            done = []
+            for job_id in job_ids:
+                job = self._jobs.get(job_id)
+                if job is None or job.pilot.state in TERMINAL_STATES:
+                    done.append(False)
+                    continue
+                if job.pilot.state is JobState.PENDING:
+                    job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
+                else:
+                    self._terminate(job, "cancelled", now)
+                done.append(True)
+            return done
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    @property
+    def status_polling_interval(self) -> int:
+        return 1
