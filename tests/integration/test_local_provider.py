@@ -85,6 +85,11 @@ def test_cancel_a_running_pilot(tmp_path: Path) -> None:
     _wait(lambda: p.status([job])[0].state is JobState.CANCELLED, 10)
 
 
+def test_repr_for_parsl_logs(tmp_path: Path) -> None:
+    text = repr(_provider(tmp_path, known_holes=False, trace=None))
+    assert "LocalBackfillProvider(" in text and "known_holes=False" in text
+
+
 def test_exit_codes(tmp_path: Path) -> None:
     p = _provider(tmp_path, known_holes=False)
     ok, bad = p.submit("true", 1), p.submit("exit 3", 1)

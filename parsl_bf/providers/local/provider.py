@@ -105,11 +105,13 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
     ) -> None:
         self._label = "local-backfill"
         self.nodes = nodes or os.cpu_count() or 1
-        self.trace_path, self.node_offset, self.trace_start = trace, node_offset, trace_start
+        # Parsl's RepresentationMixin (repr in logs) needs each argument as an attribute.
+        self.trace, self.node_offset, self.trace_start = trace, node_offset, trace_start
         self.time_scale, self.idle_s, self.busy_s = time_scale, idle_s, busy_s
         self.min_nodes, self.max_nodes = min_nodes, max_nodes or self.nodes
         if not 1 <= self.min_nodes <= self.max_nodes:
             raise ValueError(f"need 1 <= min_nodes ({min_nodes}) <= max_nodes ({max_nodes})")
+        self.min_walltime, self.max_walltime = min_walltime, max_walltime
         self.min_walltime_s = parse_walltime(min_walltime)
         self.max_walltime_s = parse_walltime(max_walltime)
         self.grace_s, self.poll_s = grace_s, poll_s
@@ -131,10 +133,10 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
     # --- the emulated machine ---------------------------------------------------------------
 
     def _trace(self) -> IdleTrace:
-        if self.trace_path is None:
+        if self.trace is None:
             horizon = self.trace_start + 10 * 86400
             return synthetic_trace(self.nodes, self.idle_s, self.busy_s, horizon)
-        return load_trace(self.trace_path, self.nodes, self.node_offset)
+        return load_trace(self.trace, self.nodes, self.node_offset)
 
     def _start(self) -> None:
         if self._thread is not None:
