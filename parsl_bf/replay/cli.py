@@ -130,7 +130,13 @@ def run(args: argparse.Namespace) -> int:
             source = {"trace": str(trace_dir)}
         jobs = load_job_set(_jobs_path(args.jobs))
     except (OSError, ReplayInputError) as exc:
-        print(f"parsl-bf replay: error: {exc}", file=sys.stderr)
+        hint = ""
+        if isinstance(exc, FileNotFoundError) and not default_data_dir().exists():
+            hint = (
+                f" (the default data directory {default_data_dir()} does not exist: "
+                "set PARSL_BF_DATA, or give --trace and --jobs)"
+            )
+        print(f"parsl-bf replay: error: {exc}{hint}", file=sys.stderr)
         return 2
     end = trace.end_s if args.end is None else min(args.end, trace.end_s)
     if end <= args.start:
