@@ -30,6 +30,24 @@ def _solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from .config import ConfigError, validate_config
+
+    try:
+        config, allocator = validate_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"parsl-bf validate: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    labels = ", ".join(
+        f"{e.label} ({type(e).__name__} on {type(e.provider).__name__})"
+        if hasattr(e, "provider")
+        else e.label
+        for e in config.executors
+    )
+    print(f"{args.config}: ok: executors {labels}; allocator {allocator.model_dump(mode='json')}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parsl-bf", description="Elastic DNN training on a batch scheduler's idle nodes."
@@ -56,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     solve.set_defaults(func=_solve)
     replay_cli.add_parser(sub)
+    validate = sub.add_parser(
+        "validate",
+        help="check a YAML config",
+        description="Check a parsl_bf YAML config: every class, key, type and variable.",
+    )
+    validate.add_argument("config", help="YAML config file")
+    validate.set_defaults(func=_validate)
     return parser
 
 

@@ -1,0 +1,241 @@
+"""YAML → ``parsl.config.Config``.
+
+A config file describes executors, providers and launchers as objects with a ``type:`` key
+(a Parsl class name such as ``HighThroughputExecutor``, one of ours such as
+``LocalBackfillProvider``, or a dotted ``package.module:Class``) and the class's arguments::
+
+    executors:
+      - type: HighThroughputExecutor
+        label: bf
+        max_workers_per_node: 2
+        provider:
+          type: LocalBackfillProvider
+          nodes: 2
+          trace: ${PARSL_BF_DATA}/trace
+    allocator:
+      objective: throughput
+      tfwd: auto
+    retries: 1
+
+``${VAR}`` takes an environment variable. Every mistake is reported as
+``file:line path: message`` (an unknown key, a wrong type, an unknown class, an unset
+variable), never as a traceback. ``allocator`` holds the elastic allocator's settings, kept on
+the returned config as ``config.parsl_bf_allocator`` for the backfill executor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from .allocation import Objective
+
+__all__ = ["ConfigError", "AllocatorSettings", "load_config", "validate_config"]
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Where short class names are looked up, in order.
+_MODULES = (
+    "parsl_bf.providers",
+    "parsl.executors",
+    "parsl.providers",
+    "parsl.launchers",
+    "parsl.channels",
+    "parsl.monitoring",
+    "parsl.addresses",
+)
+# Top-level keys passed to parsl.config.Config as they are.
+_CONFIG_KEYS = (
+    "retries",
+    "run_dir",
+    "strategy",
+    "max_idletime",
+    "app_cache",
+    "checkpoint_mode",
+    "initialize_logging",
+    "usage_tracking",
+    "monitoring",
+    "std_autopath",
+)
+
+
+class ConfigError(ValueError):
+    """A config mistake, located as ``file:line path: message``."""
+
+
+class AllocatorSettings(BaseModel):
+    """The elastic allocator's settings (``allocator:`` in the YAML)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    objective: Objective = Objective.THROUGHPUT
+    tfwd: float | Literal["auto"] = "auto"
+    time_limit: float = Field(10.0, gt=0)
+    max_tasks: int = Field(10, ge=1)
+    checkpoint_every: int = Field(20, ge=1)
+
+
+class _Located:
+    """YAML data with the line of every node, by path."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: dict[tuple, int] = {}
+        try:
+            node = yaml.compose(path.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark else 1
+            problem = getattr(exc, "problem", exc)
+            raise ConfigError(f"{path}:{line}: not valid YAML: {problem}") from None
+        if node is None:
+            raise ConfigError(f"{path}:1: the file is empty")
+        self.data = self._convert(node, ())
+
+    def _convert(self, node: yaml.Node, at: tuple) -> Any:
+        self.lines[at] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            out = {}
+            for key_node, value_node in node.value:
+                key = key_node.value
+                self.lines[(*at, key)] = key_node.start_mark.line + 1
+                out[key] = self._convert(value_node, (*at, key))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._convert(v, (*at, i)) for i, v in enumerate(node.value)]
+        if _VAR.search(node.value):  # a string; typed later from the class's annotation
+            return _VAR.sub(lambda m: self._env(m.group(1), at), node.value)
+        plain = node.style is None  # unquoted: typed by YAML (42, 1.5, true, null)
+        return yaml.safe_load(node.value) if plain and node.value != "" else node.value
+
+    def _env(self, name: str, at: tuple) -> str:
+        if name not in os.environ:
+            raise self.error(at, f"environment variable {name} is not set")
+        return os.environ[name]
+
+    def error(self, at: tuple, message: str) -> ConfigError:
+        line = next((self.lines[at[:k]] for k in range(len(at), -1, -1) if at[:k] in self.lines), 1)
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in at).lstrip(".")
+        return ConfigError(
+            f"{self.path}:{line} {where}: {message}" if where else f"{self.path}:{line}: {message}"
+        )
+
+
+def _resolve(name: str) -> type:
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    for module in _MODULES:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if inspect.isclass(found):
+            return found
+    raise LookupError(name)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls.__init__)
+    except Exception:  # unresolvable annotations: leave the checks to the class
+        return {}
+
+
+def _typed(hint: Any, value: Any) -> tuple[bool, Any]:
+    """(fits, value): exact types pass; a string (e.g. from ``${VAR}``) may convert."""
+    try:
+        adapter = TypeAdapter(hint, config=ConfigDict(arbitrary_types_allowed=True))
+    except Exception:  # pydantic cannot judge this annotation: leave it to the class
+        return True, value
+    try:
+        adapter.validate_python(value, strict=True)
+        return True, value
+    except ValidationError:
+        pass
+    if isinstance(value, str):
+        try:
+            return True, adapter.validate_python(value)
+        except ValidationError:
+            pass
+    return False, value
+
+
+def _name(hint: Any) -> str:
+    if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def _build(doc: _Located, value: Any, at: tuple) -> Any:
+    """Instantiate ``type:`` objects depth first; other values pass through."""
+    if isinstance(value, list):
+        return [_build(doc, v, (*at, i)) for i, v in enumerate(value)]
+    if not isinstance(value, dict) or "type" not in value:
+        return value
+    kwargs = {k: v for k, v in value.items() if k != "type"}
+    try:
+        cls = _resolve(str(value["type"]))
+    except (LookupError, ImportError, AttributeError):
+        raise doc.error((*at, "type"), f"unknown class {value['type']!r}") from None
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key in kwargs:
+        if key not in params and not takes_any:
+            allowed = ", ".join(p for p in params if p not in ("self", "args", "kwargs"))
+            raise doc.error((*at, key), f"unknown key for {cls.__name__} (allowed: {allowed})")
+    built = {k: _build(doc, v, (*at, k)) for k, v in kwargs.items()}
+    hints = _hints(cls)
+    for key, v in built.items():
+        if key in hints:
+            ok, built[key] = _typed(hints[key], v)
+            if not ok:
+                raise doc.error((*at, key), f"expected {_name(hints[key])}, got {v!r}")
+    try:
+        return cls(**built)
+    except Exception as exc:  # the class's own checks (typeguard, ValueError, ...)
+        raise doc.error(at, f"{cls.__name__}: {exc}".splitlines()[0]) from None
+
+
+def validate_config(path: str | Path) -> tuple[Any, AllocatorSettings]:
+    """Parse and check ``path``; returns the Parsl ``Config`` and the allocator settings."""
+    from parsl.config import Config
+
+    doc = _Located(Path(path))
+    data = doc.data
+    if not isinstance(data, dict):
+        raise doc.error((), "expected a mapping with 'executors'")
+    for key in data:
+        if key not in ("executors", "allocator", *_CONFIG_KEYS):
+            raise doc.error(
+                (key,),
+                "unknown key (allowed: executors, allocator, " + ", ".join(_CONFIG_KEYS) + ")",
+            )
+    if not isinstance(data.get("executors"), list) or not data["executors"]:
+        raise doc.error(("executors",), "needs a list of at least one executor")
+    try:
+        allocator = AllocatorSettings.model_validate(data.get("allocator") or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise doc.error(("allocator", *err["loc"]), err["msg"]) from None
+    executors = _build(doc, data["executors"], ("executors",))
+    extra = {k: _build(doc, data[k], (k,)) for k in _CONFIG_KEYS if k in data}
+    try:
+        config = Config(executors=executors, **extra)
+    except Exception as exc:
+        raise doc.error((), f"Config: {exc}".splitlines()[0]) from None
+    return config, allocator
+
+
+def load_config(path: str | Path):
+    """The ``parsl.config.Config`` of a YAML file (``with parsl.load(load_config(p)):``)."""
+    config, allocator = validate_config(path)
+    config.parsl_bf_allocator = allocator
+    return config
