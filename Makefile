@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch: the exact CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH  := torch==2.13.0
 
-.PHONY: setup system-deps test test-quick run lint bench evaluation clean
+.PHONY: setup system-deps test test-quick run lint bench evaluation slurm-up slurm-down clean
 
 setup: system-deps $(STAMP)
 
@@ -48,6 +48,13 @@ bench: setup
 # Regenerates docs/evaluation.md from real replays (about 10 minutes).
 evaluation: setup
 	$(BIN)/python benchmarks/evaluation.py
+
+# A real multi-node Slurm cluster on this machine (root): see scripts/slurm-loopback.sh.
+slurm-up:
+	scripts/slurm-loopback.sh up
+
+slurm-down:
+	scripts/slurm-loopback.sh down
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,105 @@
+"""The loopback Slurm cluster the Slurm provider is tested on: real slurmctld and slurmd.
+
+Needs root (the daemons run as root); `scripts/slurm-loopback.sh` installs the Debian
+packages when they are missing. `make test` as root (as in CI) runs these; elsewhere they skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-loopback.sh"
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the loopback Slurm cluster needs root: run `make test` as root (CI does)")
+    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
+        pytest.skip(
+            "Slurm is not installed and there is no apt-get to install it "
+            "(Debian: slurmctld slurmd slurm-client)"
+        )
+    d = tmp_path_factory.mktemp("slurm")
+    # Ports apart from a `make slurm-up` cluster that may be running.
+    env = {
+        **os.environ,
+        "SLURM_LOOPBACK_DIR": str(d),
+        "NNODES": "4",
+        "GRACE_TIME": "10",
+        "CTLD_PORT": "16817",
+        "BASE_PORT": "27000",
+    }
+    subprocess.run([str(SCRIPT), "up"], env=env, check=True, timeout=900)
+    yield {**env, "SLURM_CONF": str(d / "etc" / "slurm.conf")}
+    subprocess.run([str(SCRIPT), "down"], env=env, timeout=60)
+
+
+def _run(env, *args: str) -> str:
+    return subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def _job(env, job_id: str) -> dict[str, str]:
+    text = _run(env, "scontrol", "show", "job", job_id)
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def test_nodes_idle_in_both_partitions(slurm_env) -> None:
+    out = _run(slurm_env, "sinfo", "-h", "-o", "%P %D %T")
+    assert "main* 4 idle" in out and "backfill 4 idle" in out
+
+
+def test_a_main_job_preempts_a_backfill_pilot_with_its_signal(slurm_env, tmp_path) -> None:
+    mark = tmp_path / "usr1"
+    pilot = _run(
+        slurm_env,
+        "sbatch",
+        "--parsable",
+        "-p",
+        "backfill",
+        "-N",
+        "2",
+        "--signal=B:USR1@5",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        f"trap 'echo USR1 > {mark}; exit 0' USR1; sleep 300 & wait",
+    ).strip()
+    deadline = time.monotonic() + 60
+    while _job(slurm_env, pilot).get("JobState") != "RUNNING":
+        assert time.monotonic() < deadline, "the pilot did not start"
+        time.sleep(0.5)
+    main = _run(
+        slurm_env,
+        "sbatch",
+        "--parsable",
+        "-p",
+        "main",
+        "-N",
+        "4",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 2",
+    ).strip()
+    deadline = time.monotonic() + 120
+    while _job(slurm_env, pilot).get("PreemptTime", "None") == "None":
+        assert time.monotonic() < deadline, "the pilot was not preempted"
+        time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    while not mark.exists():  # the batch shell got --signal's USR1 at the grace time's start
+        assert time.monotonic() < deadline, "no USR1 reached the pilot"
+        time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    while _job(slurm_env, main).get("JobState") not in ("RUNNING", "COMPLETED"):
+        assert time.monotonic() < deadline, "the main job did not get the nodes"
+        time.sleep(0.5)
+    subprocess.run(["scancel", pilot], env=slurm_env)
