@@ -10,6 +10,7 @@ bin=$(cd "$(dirname "$py")" && pwd)
 py=$bin/$(basename "$py")
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 "$bin/ruff" check parsl_bf tests benchmarks || exit 1
 "$py" -m pytest -q || exit $?
 "$py" -m pytest -q -m slow
