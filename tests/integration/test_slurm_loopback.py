@@ -103,3 +103,50 @@ def test_a_main_job_preempts_a_backfill_pilot_with_its_signal(slurm_env, tmp_pat
         assert time.monotonic() < deadline, "the main job did not get the nodes"
         time.sleep(0.5)
     subprocess.run(["scancel", pilot], env=slurm_env)
+
+
+def test_holes_see_a_pending_jobs_planned_start(slurm_env, monkeypatch) -> None:
+    from parsl_bf.providers.slurm import holes
+
+    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
+    busy = _run(
+        slurm_env,
+        "sbatch",
+        "--parsable",
+        "-p",
+        "main",
+        "-N",
+        "2",
+        "--time=2",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 100",
+    ).strip()
+    waiting = _run(
+        slurm_env,
+        "sbatch",
+        "--parsable",
+        "-p",
+        "main",
+        "-N",
+        "4",
+        "--time=1",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 1",
+    ).strip()
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the backfill scheduler plans the waiting job within a few cycles
+            found = holes("backfill", time.time())
+            if len(found) == 2 and all(h.window_s is not None for h in found):
+                break
+            assert time.monotonic() < deadline, f"no planned holes: {found}"
+            time.sleep(0.5)
+        assert {h.blocking_job for h in found} == {waiting}
+        # The busy job's --time=2 ends within 2 minutes, and the waiting job starts then.
+        assert all(0 < h.window_s <= 125 for h in found)
+    finally:
+        subprocess.run(["scancel", busy, waiting], env=slurm_env)
