@@ -39,7 +39,7 @@ def _solve(m: pyo.ConcreteModel, count) -> dict[str, int]:
 
 
 def points(problem):
-    tables = gain_tables = [gain_table(t, problem) for t in problem.tasks]
+    tables = [gain_table(t, problem) for t in problem.tasks]
     idx = [(j, k) for j, t in enumerate(tables) for k in range(len(t.counts))]
     m = pyo.ConcreteModel()
     m.x = pyo.Var(idx, domain=pyo.Binary)
@@ -48,7 +48,7 @@ def points(problem):
         rule=lambda m, j: sum(m.x[j, k] for k in range(len(tables[j].counts))) == 1,
     )
     m.cap = pyo.Constraint(
-        expr=sum(int(gain_tables[j].counts[k]) * m.x[j, k] for j, k in idx) <= problem.capacity
+        expr=sum(int(tables[j].counts[k]) * m.x[j, k] for j, k in idx) <= problem.capacity
     )
     m.obj = pyo.Objective(
         expr=sum(float(tables[j].gain[k]) * m.x[j, k] for j, k in idx), sense=pyo.maximize

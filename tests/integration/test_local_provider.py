@@ -11,15 +11,10 @@ from parsl.jobs.states import JobState
 
 from parsl_bf.providers import LocalBackfillProvider
 
+from ..waiting import until
+
 # Ignores SIGTERM, so only the SIGKILL after the grace time ends it; logs what it got.
 STUBBORN = "trap 'echo TERM >> {log}' TERM; echo $$ > {pid}; while true; do sleep 0.05; done"
-
-
-def _wait(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _provider(tmp_path: Path, **kw) -> LocalBackfillProvider:
@@ -46,7 +41,7 @@ def test_pilot_is_sized_to_the_hole(tmp_path: Path) -> None:
     pilot = p.pilots[job]
     assert pilot.state is JobState.RUNNING and pilot.nodes == ["node0", "node1"]
     assert pilot.ends_at - pilot.started_at == pytest.approx(3.0, abs=0.2)
-    _wait(lambda: p.status([job])[0].state is JobState.TIMEOUT, 10)
+    until(lambda: p.status([job])[0].state is JobState.TIMEOUT, 10)
     assert pilot.reason == "walltime"
 
 
@@ -54,11 +49,11 @@ def test_preemption_sends_sigterm_then_sigkill_and_reports_timeout(tmp_path: Pat
     p = _provider(tmp_path, known_holes=False, max_walltime="00:10:00")
     log, pid_file = tmp_path / "signals.log", tmp_path / "pid"
     job = p.submit(STUBBORN.format(log=log, pid=pid_file), 1)
-    _wait(lambda: pid_file.exists())
+    until(lambda: pid_file.exists())
     assert p.pilots[job].ends_at - p.pilots[job].started_at == pytest.approx(600, abs=1)
-    _wait(lambda: log.exists(), 10)  # node1 turns busy at trace 30 s: SIGTERM
+    until(lambda: log.exists(), 10)  # node1 turns busy at trace 30 s: SIGTERM
     term_at = time.monotonic()
-    _wait(lambda: p.status([job])[0].state is JobState.TIMEOUT, 10)
+    until(lambda: p.status([job])[0].state is JobState.TIMEOUT, 10)
     assert time.monotonic() - term_at >= 0.8  # the grace time passed before SIGKILL
     assert p.pilots[job].reason == "preempted"
     assert log.read_text().strip() == "TERM"
@@ -82,7 +77,7 @@ def test_cancel_a_running_pilot(tmp_path: Path) -> None:
     job = p.submit("sleep 60", 1)
     assert p.status([job])[0].state is JobState.RUNNING
     p.cancel([job])
-    _wait(lambda: p.status([job])[0].state is JobState.CANCELLED, 10)
+    until(lambda: p.status([job])[0].state is JobState.CANCELLED, 10)
 
 
 def test_repr_for_parsl_logs(tmp_path: Path) -> None:
@@ -93,7 +88,7 @@ def test_repr_for_parsl_logs(tmp_path: Path) -> None:
 def test_exit_codes(tmp_path: Path) -> None:
     p = _provider(tmp_path, known_holes=False)
     ok, bad = p.submit("true", 1), p.submit("exit 3", 1)
-    _wait(lambda: all(s.terminal for s in p.status([ok, bad])), 10)
+    until(lambda: all(s.terminal for s in p.status([ok, bad])), 10)
     assert [s.state for s in p.status([ok, bad])] == [JobState.COMPLETED, JobState.FAILED]
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ..waiting import until
+
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-loopback.sh"
 
@@ -47,6 +49,24 @@ def _run(env, *args: str) -> str:
     return subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
 
 
+def _sbatch(env, partition: str, nodes: int, command: str, *options: str) -> str:
+    """Submit ``command`` on ``nodes`` nodes of ``partition``; the job id."""
+    return _run(
+        env,
+        "sbatch",
+        "--parsable",
+        "-p",
+        partition,
+        "-N",
+        str(nodes),
+        *options,
+        "-o",
+        "/dev/null",
+        "--wrap",
+        command,
+    ).strip()
+
+
 def _job(env, job_id: str) -> dict[str, str]:
     text = _run(env, "scontrol", "show", "job", job_id)
     return dict(re.findall(r"(\w+)=(\S*)", text))
@@ -59,49 +79,29 @@ def test_nodes_idle_in_both_partitions(slurm_env) -> None:
 
 def test_a_main_job_preempts_a_backfill_pilot_with_its_signal(slurm_env, tmp_path) -> None:
     mark = tmp_path / "usr1"
-    pilot = _run(
+    pilot = _sbatch(
         slurm_env,
-        "sbatch",
-        "--parsable",
-        "-p",
         "backfill",
-        "-N",
-        "2",
-        "--signal=B:USR1@5",
-        "-o",
-        "/dev/null",
-        "--wrap",
+        2,
         f"trap 'echo USR1 > {mark}; exit 0' USR1; sleep 300 & wait",
-    ).strip()
-    deadline = time.monotonic() + 60
-    while _job(slurm_env, pilot).get("JobState") != "RUNNING":
-        assert time.monotonic() < deadline, "the pilot did not start"
-        time.sleep(0.5)
-    main = _run(
-        slurm_env,
-        "sbatch",
-        "--parsable",
-        "-p",
-        "main",
-        "-N",
-        "4",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 2",
-    ).strip()
-    deadline = time.monotonic() + 120
-    while _job(slurm_env, pilot).get("PreemptTime", "None") == "None":
-        assert time.monotonic() < deadline, "the pilot was not preempted"
-        time.sleep(0.5)
-    deadline = time.monotonic() + 120
-    while not mark.exists():  # the batch shell got --signal's USR1 at the grace time's start
-        assert time.monotonic() < deadline, "no USR1 reached the pilot"
-        time.sleep(0.5)
-    deadline = time.monotonic() + 120
-    while _job(slurm_env, main).get("JobState") not in ("RUNNING", "COMPLETED"):
-        assert time.monotonic() < deadline, "the main job did not get the nodes"
-        time.sleep(0.5)
+        "--signal=B:USR1@5",
+    )
+    until(
+        lambda: _job(slurm_env, pilot).get("JobState") == "RUNNING", 60, "the pilot did not start"
+    )
+    main = _sbatch(slurm_env, "main", 4, "sleep 2")
+    until(
+        lambda: _job(slurm_env, pilot).get("PreemptTime", "None") != "None",
+        120,
+        "the pilot was not preempted",
+    )
+    # The batch shell got --signal's USR1 at the start of the grace time.
+    until(mark.exists, 120, "no USR1 reached the pilot")
+    until(
+        lambda: _job(slurm_env, main).get("JobState") in ("RUNNING", "COMPLETED"),
+        120,
+        "the main job did not get the nodes",
+    )
     subprocess.run(["scancel", pilot], env=slurm_env)
 
 
@@ -109,42 +109,16 @@ def test_holes_see_a_pending_jobs_planned_start(slurm_env, monkeypatch) -> None:
     from parsl_bf.providers.slurm import holes
 
     monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
-    busy = _run(
-        slurm_env,
-        "sbatch",
-        "--parsable",
-        "-p",
-        "main",
-        "-N",
-        "2",
-        "--time=2",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 100",
-    ).strip()
-    waiting = _run(
-        slurm_env,
-        "sbatch",
-        "--parsable",
-        "-p",
-        "main",
-        "-N",
-        "4",
-        "--time=1",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 1",
-    ).strip()
+    busy = _sbatch(slurm_env, "main", 2, "sleep 100", "--time=2")
+    waiting = _sbatch(slurm_env, "main", 4, "sleep 1", "--time=1")
     try:
-        deadline = time.monotonic() + 60
-        while True:  # the backfill scheduler plans the waiting job within a few cycles
-            found = holes("backfill", time.time())
-            if len(found) == 2 and all(h.window_s is not None for h in found):
-                break
-            assert time.monotonic() < deadline, f"no planned holes: {found}"
-            time.sleep(0.5)
+        found: list = []
+
+        def planned() -> bool:  # the backfill scheduler plans the waiting job within cycles
+            found[:] = holes("backfill", time.time())
+            return len(found) == 2 and all(h.window_s is not None for h in found)
+
+        until(planned, 60, "the waiting job's start was not planned on the idle nodes")
         assert {h.blocking_job for h in found} == {waiting}
         # The busy job's --time=2 ends within 2 minutes, and the waiting job starts then.
         assert all(0 < h.window_s <= 125 for h in found)

@@ -47,6 +47,7 @@ class NodeStates:
     def __init__(self, trace: IdleTrace) -> None:
         self.trace = trace
         self.names = list(trace.nodes)
+        self.index = {name: i for i, name in enumerate(self.names)}
         self._busy_at: list[list[int]] = [[] for _ in self.names]
         for t, i, idle in zip(
             trace.change_t.tolist(),

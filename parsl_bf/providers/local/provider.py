@@ -193,7 +193,7 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
             pilot.state = JobState.COMPLETED if code == 0 else JobState.FAILED
             pilot.reason = f"exit code {code}"
             return
-        index = {n: i for i, n in enumerate(self._states.names)}
+        index = self._states.index
         if pilot.ends_at is not None and now >= pilot.ends_at:
             self._terminate(job, "walltime", now)
         elif not all(idle[index[n]] for n in pilot.nodes):
