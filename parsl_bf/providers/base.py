@@ -20,6 +20,7 @@ class Pilot:
     started_at: float | None = None
     ends_at: float | None = None
     reason: str = ""  # why it ended: "preempted", "walltime", "cancelled", exit status
+    signalled_at: float | None = None  # SIGTERM sent: its grace time runs from here
 
 
 def parse_walltime(value: str | float | int) -> float:

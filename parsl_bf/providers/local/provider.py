@@ -257,7 +257,7 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
 
     def _terminate(self, job: _Job, reason: str, now: float) -> None:
         job.pilot.reason = reason
-        job.term_sent = now
+        job.term_sent = job.pilot.signalled_at = now
         self._signal(job, signal.SIGTERM)
         log.info("pilot %s: %s, SIGTERM sent", job.pilot.job_id, reason)
 
