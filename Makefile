@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch: the exact CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH  := torch==2.13.0
 
-.PHONY: setup system-deps test test-quick run lint bench evaluation slurm-up slurm-down clean
+.PHONY: setup system-deps test test-quick test-parsl-suite run lint bench evaluation slurm-up slurm-down clean
 
 setup: system-deps $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): setup.cfg pyproject.toml
 # Everything, slow tests included (what CI runs).
 test: setup
 	@scripts/run-tests.sh $(BIN)/python
+
+# Parsl's own test suite against a stock HTEX on our local and Slurm (root) providers.
+test-parsl-suite: setup
+	scripts/parsl-suite.sh $(BIN)/python local
+	scripts/parsl-suite.sh $(BIN)/python slurm
 
 # The quick default selection (skips tests marked slow).
 test-quick: setup

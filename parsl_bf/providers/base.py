@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 
 from parsl.jobs.states import JobState
 
-__all__ = ["Pilot", "parse_walltime"]
+__all__ = ["Pilot", "SchedulerError", "parse_walltime"]
+
+
+class SchedulerError(RuntimeError):
+    """A scheduler command failed; the message has the command and the scheduler's words."""
 
 
 @dataclass
@@ -20,7 +24,8 @@ class Pilot:
     started_at: float | None = None
     ends_at: float | None = None
     reason: str = ""  # why it ended: "preempted", "walltime", "cancelled", exit status
-    signalled_at: float | None = None  # SIGTERM sent: its grace time runs from here
+    signalled_at: float | None = None  # preemption signal sent: its grace time runs from here
+    scheduler_id: str | None = None  # the batch scheduler's job id, once submitted
 
 
 def parse_walltime(value: str | float | int) -> float:

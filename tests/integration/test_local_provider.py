@@ -12,6 +12,7 @@ from parsl.jobs.states import JobState
 from parsl_bf.providers import LocalBackfillProvider
 
 from ..waiting import until
+from .htex import square, stock_htex
 
 # Ignores SIGTERM, so only the SIGKILL after the grace time ends it; logs what it got.
 STUBBORN = "trap 'echo TERM >> {log}' TERM; echo $$ > {pid}; while true; do sleep 0.05; done"
@@ -34,13 +35,14 @@ def _provider(tmp_path: Path, **kw) -> LocalBackfillProvider:
 
 
 def test_pilot_is_sized_to_the_hole(tmp_path: Path) -> None:
-    # Synthetic cycle of 90 trace-s, phases 0, 30, 60: at t=0 node0 stays idle until 60 and
-    # node1 until 30, node2 is busy. So the pilot gets 2 nodes until trace second 30 (3 s).
-    p = _provider(tmp_path)
+    # Synthetic cycle of 120 trace-s (90 idle), phases 0, 40, 80: at t=0 node0 stays idle until
+    # 90, node1 until 50, node2 until 10. Most node-seconds: node0 and node1 until trace second
+    # 50 (100 node-s, against 90 for node0 alone), i.e. 5 wall seconds.
+    p = _provider(tmp_path, idle_s=90)
     job = p.submit("sleep 30", 1)
     pilot = p.pilots[job]
     assert pilot.state is JobState.RUNNING and pilot.nodes == ["node0", "node1"]
-    assert pilot.ends_at - pilot.started_at == pytest.approx(3.0, abs=0.2)
+    assert pilot.ends_at - pilot.started_at == pytest.approx(5.0, abs=0.2)
     until(lambda: p.status([job])[0].state is JobState.TIMEOUT, 10)
     assert pilot.reason == "walltime"
 
@@ -95,17 +97,8 @@ def test_exit_codes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_stock_htex_runs_apps_on_local_backfill_pilots(tmp_path: Path, monkeypatch) -> None:
-    import sys
-
     import parsl
-    from parsl.app.app import python_app
-    from parsl.config import Config
-    from parsl.executors import HighThroughputExecutor
 
-    # HTEX starts interchange.py and process_worker_pool.py from PATH; its workers unpickle
-    # this module's app, so they need the checkout on their path.
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
     provider = LocalBackfillProvider(
         nodes=2,
         time_scale=1,
@@ -115,17 +108,33 @@ def test_stock_htex_runs_apps_on_local_backfill_pilots(tmp_path: Path, monkeypat
         max_blocks=1,
         min_walltime="00:00:10",
     )
-
-    @python_app(executors=["bf"])
-    def square(x: int) -> int:
-        return x * x
-
-    config = Config(
-        executors=[HighThroughputExecutor(label="bf", provider=provider, max_workers_per_node=2)],
-        run_dir=str(tmp_path / "runinfo"),
-    )
-    with parsl.load(config):
+    with parsl.load(stock_htex(provider, tmp_path / "runinfo", monkeypatch, workers=2)):
         assert [f.result(timeout=120) for f in [square(i) for i in range(10)]] == [
             i * i for i in range(10)
         ]
         assert any(p.state is JobState.RUNNING for p in provider.pilots.values())
+
+
+@pytest.mark.slow
+def test_stock_htex_finishes_every_app_through_preemptions(tmp_path: Path, monkeypatch) -> None:
+    import parsl
+
+    # Each node: idle 12 s, busy 4 s, phase-shifted; pilots ask for the maximum walltime and
+    # are preempted when a main job (the trace) takes a node back.
+    provider = LocalBackfillProvider(
+        nodes=2,
+        time_scale=1,
+        idle_s=12,
+        busy_s=4,
+        known_holes=False,
+        max_nodes=1,
+        min_walltime="00:00:01",
+        max_walltime="00:10:00",
+        grace_s=1.0,
+        max_blocks=2,
+    )
+    with parsl.load(stock_htex(provider, tmp_path / "runinfo", monkeypatch, retries=5)):
+        futures = [square(i, 1.0) for i in range(24)]
+        assert [f.result(timeout=300) for f in futures] == [i * i for i in range(24)]
+    preempted = [p for p in provider.pilots.values() if p.reason == "preempted"]
+    assert len(preempted) >= 2 and all(p.state is JobState.TIMEOUT for p in preempted)

@@ -6,70 +6,17 @@ packages when they are missing. `make test` as root (as in CI) runs these; elsew
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from ..waiting import until
+from .slurm import job as _job
+from .slurm import run as _run
+from .slurm import sbatch as _sbatch
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-loopback.sh"
-
-
-@pytest.fixture(scope="module")
-def slurm_env(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the loopback Slurm cluster needs root: run `make test` as root (CI does)")
-    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
-        pytest.skip(
-            "Slurm is not installed and there is no apt-get to install it "
-            "(Debian: slurmctld slurmd slurm-client)"
-        )
-    d = tmp_path_factory.mktemp("slurm")
-    # Ports apart from a `make slurm-up` cluster that may be running.
-    env = {
-        **os.environ,
-        "SLURM_LOOPBACK_DIR": str(d),
-        "NNODES": "4",
-        "GRACE_TIME": "10",
-        "CTLD_PORT": "16817",
-        "BASE_PORT": "27000",
-    }
-    subprocess.run([str(SCRIPT), "up"], env=env, check=True, timeout=900)
-    yield {**env, "SLURM_CONF": str(d / "etc" / "slurm.conf")}
-    subprocess.run([str(SCRIPT), "down"], env=env, timeout=60)
-
-
-def _run(env, *args: str) -> str:
-    return subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-
-
-def _sbatch(env, partition: str, nodes: int, command: str, *options: str) -> str:
-    """Submit ``command`` on ``nodes`` nodes of ``partition``; the job id."""
-    return _run(
-        env,
-        "sbatch",
-        "--parsable",
-        "-p",
-        partition,
-        "-N",
-        str(nodes),
-        *options,
-        "-o",
-        "/dev/null",
-        "--wrap",
-        command,
-    ).strip()
-
-
-def _job(env, job_id: str) -> dict[str, str]:
-    text = _run(env, "scontrol", "show", "job", job_id)
-    return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
 def test_nodes_idle_in_both_partitions(slurm_env) -> None:

@@ -28,6 +28,26 @@ def test_shipped_local_config_builds_parsl_objects() -> None:
     assert config.retries == 2 and config.parsl_bf_allocator.tfwd == "auto"
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_shipped_config_builds(name: str, monkeypatch) -> None:
+    monkeypatch.setenv("PARSL_BF_WORKER_INIT", "true")
+    config = parsl_bf.load_config(ROOT / "configs" / name)
+    assert config.executors and all(e.provider is not None for e in config.executors)
+
+
+def test_shipped_slurm_config_is_the_issue_usage() -> None:
+    from parsl.launchers import SrunLauncher
+
+    from parsl_bf.providers import SlurmBackfillProvider
+
+    (executor,) = parsl_bf.load_config(ROOT / "configs" / "htex-slurm-backfill.yaml").executors
+    provider = executor.provider
+    assert isinstance(provider, SlurmBackfillProvider) and provider.partition == "backfill"
+    assert (provider.min_nodes, provider.max_nodes) == (1, 4)
+    assert (provider.min_walltime_s, provider.max_walltime_s) == (120, 3600)
+    assert isinstance(provider.launcher, SrunLauncher)
+
+
 def test_environment_variables_are_substituted_and_typed(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("NODES", "3")
     monkeypatch.setenv("INIT", "true")  # a shell command, not a boolean

@@ -2,8 +2,9 @@
 
 K emulated nodes follow an idle-node trace (a window and node subset of the shipped format,
 time-compressed) or a synthetic idle/busy cycle. ``submit()`` sizes each pilot to the best
-current hole: as many idle, unclaimed nodes as allowed, for as long as they all stay idle
-(the emulator knows the trace's future, as a scheduler knows a pending job's planned start).
+current hole (:func:`~parsl_bf.providers.sizing.size_pilot`: the most node-seconds of idle,
+unclaimed nodes; the emulator knows the trace's future, as a scheduler knows a pending job's
+planned start).
 Pilots are real local processes. When the trace takes back one of a pilot's nodes, or its
 walltime ends, the pilot gets SIGTERM, then SIGKILL after the grace time, like a real
 preemption, and is reported as ``JobState.TIMEOUT`` (never FAILED, which would make Parsl give
@@ -31,6 +32,7 @@ from parsl.utils import RepresentationMixin
 
 from ...replay.trace import IdleTrace, load_trace
 from ..base import Pilot, parse_walltime
+from ..sizing import Hole, size_pilot
 from .emulation import NodeStates, synthetic_trace
 
 __all__ = ["LocalBackfillProvider"]
@@ -204,19 +206,21 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         states = self._states
         assert states is not None
         free = [i for i, name in enumerate(states.names) if idle[i] and name not in held]
-        if len(free) < self.min_nodes:
+        holes = [
+            Hole(
+                states.names[i],
+                "idle",
+                (states.idle_until(i, t) - t) / self.time_scale if self.known_holes else None,
+            )
+            for i in free
+        ]
+        request = size_pilot(
+            holes, self.min_nodes, self.max_nodes, self.min_walltime_s, self.max_walltime_s
+        )
+        if request is None:
             return []
-        # Longest-lived nodes first: the pilot lasts as long as its shortest-lived node.
-        until = sorted(((states.idle_until(i, t), i) for i in free), reverse=True)
-        for k in range(min(self.max_nodes, len(until)), self.min_nodes - 1, -1):
-            wall_s = (until[k - 1][0] - t) / self.time_scale
-            if not self.known_holes:
-                wall_s = self.max_walltime_s
-            if wall_s >= self.min_walltime_s:
-                chosen = [states.names[i] for _, i in until[:k]]
-                self._launch(job, chosen, now, min(wall_s, self.max_walltime_s))
-                return chosen
-        return []
+        self._launch(job, list(request.hosts), now, request.walltime_s)
+        return list(request.hosts)
 
     # --- processes --------------------------------------------------------------------------
 

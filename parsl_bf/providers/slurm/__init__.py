@@ -1,5 +1,6 @@
-"""Slurm: hole discovery so far (the provider itself is not built yet)."""
+"""Slurm: hole discovery (every Slurm command is in ``commands``) and the backfill provider."""
 
 from .commands import Hole, SlurmCommandError, holes
+from .provider import SlurmBackfillProvider
 
-__all__ = ["Hole", "SlurmCommandError", "holes"]
+__all__ = ["Hole", "SlurmBackfillProvider", "SlurmCommandError", "holes"]

@@ -9,26 +9,34 @@ ignores those reservations and answers "now".
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["Hole", "SlurmCommandError", "parse_sinfo_nodes", "parse_squeue_start", "holes"]
+from ..base import SchedulerError
+from ..sizing import Hole
+
+__all__ = [
+    "NODE_LIST_SHELL",
+    "PREEMPTED_SHELL",
+    "Hole",
+    "SlurmCommandError",
+    "check_partition",
+    "holes",
+    "parse_job",
+    "parse_sinfo_nodes",
+    "parse_squeue_start",
+    "sbatch",
+    "scancel",
+    "show_job",
+]
 
 Runner = Callable[[Sequence[str]], str]
 
 
-class SlurmCommandError(RuntimeError):
+class SlurmCommandError(SchedulerError):
     """A Slurm command failed; the message has the command and its stderr."""
-
-
-@dataclass(frozen=True)
-class Hole:
-    node: str
-    state: str
-    window_s: float | None  # None: no pending job is planned on this node
-    blocking_job: str | None = None
 
 
 def run(args: Sequence[str], timeout: float = 30.0) -> str:
@@ -52,7 +60,8 @@ def parse_sinfo_nodes(text: str) -> dict[str, str]:
     return out
 
 
-def _epoch(text: str) -> float | None:
+def epoch(text: str) -> float | None:
+    """Seconds since the epoch of a Slurm time stamp (local time); None for N/A, None, Unknown."""
     try:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
@@ -69,7 +78,7 @@ def parse_squeue_start(
         if len(parts) != 4:
             continue
         job, _partition, start, scheduled = parts
-        when = _epoch(start)
+        when = epoch(start)
         if when is None or scheduled in ("", "(null)", "N/A"):
             continue
         for node in expand(scheduled):
@@ -92,8 +101,53 @@ def holes(partition: str, now: float, runner: Runner = run) -> list[Hole]:
     )
     found = []
     for node, state in states.items():
-        if not (state.startswith("idle") or state == "planned"):
+        # "idle*" does not respond, "idle~" is powered down: no pilot starts there soon.
+        if state not in ("idle", "planned"):
             continue
         when, job = planned.get(node, (None, None))
         found.append(Hole(node, state, None if when is None else max(0.0, when - now), job))
     return sorted(found, key=lambda h: (h.window_s is not None, -(h.window_s or 0), h.node))
+
+
+def check_partition(partition: str, runner: Runner = run) -> None:
+    """Raise :class:`SlurmCommandError` with Slurm's message if ``partition`` does not exist."""
+    runner(["scontrol", "show", "partition", partition])
+
+
+def sbatch(script: str, runner: Runner = run) -> str:
+    """Submit a batch script file; the job id."""
+    out = runner(["sbatch", "--parsable", script]).strip()
+    job_id = out.split(";", 1)[0]
+    if not job_id.isdigit():
+        raise SlurmCommandError(f"sbatch {script}: unexpected answer {out!r}")
+    return job_id
+
+
+def parse_job(text: str) -> dict[str, str]:
+    """One job of ``scontrol show job -o`` → its fields (values without spaces suffice here)."""
+    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
+
+
+def show_job(job_id: str, runner: Runner = run) -> dict[str, str] | None:
+    """``scontrol show job -o``'s fields of a job; None once the controller forgot it."""
+    try:
+        text = runner(["scontrol", "show", "job", "-o", job_id])
+    except SlurmCommandError as exc:
+        if "Invalid job id" in str(exc):
+            return None  # older than MinJobAge, and there may be no accounting database
+        raise
+    return parse_job(text) if text.strip() else None
+
+
+def scancel(job_ids: Sequence[str], runner: Runner = run) -> None:
+    """Cancel jobs (the batch shell and every step get SIGTERM, then SIGKILL)."""
+    if job_ids:
+        runner(["scancel", *job_ids])
+
+
+#: Run inside a job: its nodes, comma-separated.
+NODE_LIST_SHELL = 'scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -'
+
+#: Run inside a job on its --signal: true if it is being preempted (PreemptTime is set), false
+#: for the walltime notice, which Slurm may send up to a minute before the lead asked for.
+PREEMPTED_SHELL = '! scontrol show job -o "$SLURM_JOB_ID" | grep -q "PreemptTime=None"'

@@ -1,0 +1,352 @@
+"""What the batch-scheduler backfill providers (Slurm, PBS Pro) share: size, submit, track.
+
+A pilot is sized to the best current hole when ``submit()`` is called. When no hole is big
+enough, the pilot waits *in the provider*, not in the scheduler's queue (there a fixed size and
+walltime would miss the holes that open later), and is submitted, sized to the hole, at the
+first status poll that finds one. A subclass supplies the scheduler: its holes, the directives
+of a batch script, submission, the state of its jobs, and cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import threading
+import time
+from abc import abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parsl.jobs.states import TERMINAL_STATES, JobState, JobStatus
+from parsl.launchers.base import Launcher
+from parsl.providers.base import ExecutionProvider
+from parsl.providers.errors import SubmitException
+from parsl.utils import RepresentationMixin
+
+from .base import Pilot, SchedulerError, parse_walltime
+from .sizing import Hole, PilotRequest, size_pilot
+
+__all__ = ["BatchBackfillProvider"]
+
+log = logging.getLogger(__name__)
+
+
+_SETTINGS = (
+    "min_nodes",
+    "max_nodes",
+    "min_walltime",
+    "max_walltime",
+    "hole_margin_s",
+    "signal_lead_s",
+    "launcher",
+    "worker_init",
+    "scheduler_options",
+    "init_blocks",
+    "min_blocks",
+    "max_blocks",
+    "parallelism",
+    "cmd_timeout",
+    "status_polling_interval",
+)
+
+
+def shared_settings(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The base class's keyword arguments out of a subclass constructor's ``locals()``."""
+    return {name: arguments[name] for name in _SETTINGS}
+
+
+@dataclass
+class _Job:
+    pilot: Pilot
+    command: str
+    tasks_per_node: int
+    job_name: str
+    request: PilotRequest | None = None
+    script: Path | None = None
+
+
+class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
+    """Base of the batch-scheduler backfill providers; see the subclasses for the options."""
+
+    #: The scheduler's walltime unit, in seconds (Slurm counts whole minutes).
+    walltime_granularity_s: float = 1.0  # PBS: seconds
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        min_nodes: int,
+        max_nodes: int,
+        min_walltime: str,
+        max_walltime: str,
+        hole_margin_s: float,
+        signal_lead_s: int,
+        launcher: Launcher,
+        worker_init: str,
+        scheduler_options: str,
+        init_blocks: int,
+        min_blocks: int,
+        max_blocks: int,
+        parallelism: float,
+        cmd_timeout: float,
+        status_polling_interval: int,
+    ) -> None:
+        if not 1 <= min_nodes <= max_nodes:
+            raise ValueError(f"need 1 <= min_nodes ({min_nodes}) <= max_nodes ({max_nodes})")
+        self._label = label
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes
+        self.min_walltime, self.max_walltime = min_walltime, max_walltime
+        self.min_walltime_s = parse_walltime(min_walltime)
+        self.max_walltime_s = parse_walltime(max_walltime)
+        if not 0 < self.min_walltime_s <= self.max_walltime_s:
+            raise ValueError(f"need 0 < min_walltime ({min_walltime}) <= max_walltime")
+        self.hole_margin_s, self.signal_lead_s = hole_margin_s, signal_lead_s
+        self.launcher, self.worker_init = launcher, worker_init
+        self.scheduler_options = scheduler_options
+        self.init_blocks, self.min_blocks, self.max_blocks = init_blocks, min_blocks, max_blocks
+        self.parallelism, self.cmd_timeout = parallelism, cmd_timeout
+        self._polling_interval = status_polling_interval
+        self.nodes_per_block = 1  # nominal: each pilot's real size is in self.pilots
+        self.script_dir: str | None = None
+        self.resources: dict[str, dict] = {}
+        self.pilots: dict[str, Pilot] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.RLock()
+        self._checked = False
+        self._count = 0
+
+    # --- what a scheduler supplies ----------------------------------------------------------
+
+    @abstractmethod
+    def _check(self) -> None:
+        """Raise :class:`SchedulerError` if the queue/partition the pilots go to is unusable."""
+
+    @abstractmethod
+    def _holes(self, now: float) -> list[Hole]:
+        """Idle nodes where pilots may run now, and how long each stays free."""
+
+    @abstractmethod
+    def _directives(self, job: _Job, request: PilotRequest, out: Path, err: Path) -> str:
+        """The batch script's scheduler directives (``#SBATCH``, ``#PBS``) for ``request``."""
+
+    @abstractmethod
+    def _node_list(self) -> str:
+        """A shell expression, run inside the pilot, that prints its nodes comma-separated."""
+
+    def _preempted_test(self) -> str:
+        """A shell test, run in the pilot on its signal, true if the pilot is being preempted
+        (false: the signal is only a notice that the walltime ends soon)."""
+        return "true"
+
+    @abstractmethod
+    def _submit_script(self, script: Path) -> str:
+        """Submit the batch script; the scheduler's job id."""
+
+    @abstractmethod
+    def _query(self, scheduler_id: str) -> Pilot | None:
+        """The job's state, nodes, start, end and why it ended; None if the scheduler forgot it."""
+
+    @abstractmethod
+    def _cancel(self, scheduler_ids: list[str]) -> None:
+        """Cancel these jobs."""
+
+    # --- sizing and submission --------------------------------------------------------------
+
+    def _claimed(self) -> set[str]:
+        """Hosts of our submitted pilots that the scheduler has not started yet."""
+        return {
+            host
+            for job in self._jobs.values()
+            if job.request is not None and job.pilot.state is JobState.PENDING
+            for host in job.request.hosts
+        }
+
+    def _size(self, now: float) -> PilotRequest | None:
+        claimed = self._claimed()
+        free = [h for h in self._holes(now) if h.node not in claimed]
+        return size_pilot(
+            free,
+            self.min_nodes,
+            self.max_nodes,
+            self.min_walltime_s,
+            self.max_walltime_s,
+            self.hole_margin_s,
+            self.walltime_granularity_s,
+        )
+
+    def _script(self, job: _Job, request: PilotRequest, out: Path, err: Path) -> str:
+        launch = self.launcher(job.command, job.tasks_per_node, request.nodes, str(out.parent))
+        wall = int(request.walltime_s)
+        return f"""#!/bin/bash
+{self._directives(job, request, out, err)}
+{self.scheduler_options}
+# parsl-bf pilot {job.pilot.job_id}: {request.nodes} node(s) for {wall} s, sized to a hole.
+{self.worker_init}
+export PARSL_BF_JOB_ID={shlex.quote(job.pilot.job_id)}
+export PARSL_BF_NODES=$({self._node_list()})
+export PARSL_BF_PILOT_END=$(( $(date +%s) + {wall} ))
+# At preemption the scheduler's signal ends the pilot at once: the main job waiting for these
+# nodes starts as soon as we are gone. A signal that is only the walltime notice (it may come
+# a minute early) is not a reason to leave; the scheduler's TERM at the limit is.
+leave() {{ echo "parsl-bf: pilot {job.pilot.job_id} $1, exiting" >&2; exit 0; }}
+trap 'if {self._preempted_test()}; then leave preempted; fi' USR1
+trap 'leave signalled' TERM
+(
+{launch}
+) &
+child=$!
+# Leave at the walltime ourselves: a scheduler may enforce limits only every ~30 s, and a main
+# job planned at the hole's end would wait for us.
+(sleep {wall}; kill -TERM $$) 2>/dev/null &
+while :; do
+  wait $child
+  status=$?
+  kill -0 $child 2>/dev/null || exit $status
+done
+"""
+
+    def _launch(self, job: _Job, request: PilotRequest) -> None:
+        """Write and submit the pilot's script; on failure nothing is left behind."""
+        directory = Path(self.script_dir or ".").resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        stem = directory / f"{job.job_name}.{job.pilot.job_id.rsplit('.', 1)[-1]}"
+        script, out, err = (Path(f"{stem}{ext}") for ext in (".submit", ".stdout", ".stderr"))
+        script.write_text(self._script(job, request, out, err))
+        try:
+            scheduler_id = self._submit_script(script)
+        except SchedulerError as exc:
+            script.unlink(missing_ok=True)
+            raise SubmitException(job.job_name, str(exc)) from None
+        job.request, job.script = request, script
+        job.pilot.scheduler_id = scheduler_id
+        self.resources[job.pilot.job_id] = {
+            "job_id": scheduler_id,
+            "job_stdout_path": str(out),
+            "job_stderr_path": str(err),
+        }
+        log.info(
+            "pilot %s: submitted as %s, %d node(s) for %.0f s",
+            job.pilot.job_id,
+            scheduler_id,
+            request.nodes,
+            request.walltime_s,
+        )
+
+    def _place_waiting(self, now: float) -> None:
+        """Submit the pilots still waiting in the provider, while holes are left for them."""
+        for job in self._jobs.values():
+            if job.request is not None or job.pilot.state is not JobState.PENDING:
+                continue
+            try:
+                request = self._size(now)
+                if request is None:
+                    return
+                self._launch(job, request)
+            except SubmitException as exc:  # a scheduler that refuses now will refuse again
+                job.pilot.state, job.pilot.reason = JobState.FAILED, exc.message
+                log.error("pilot %s: %s", job.pilot.job_id, exc.message)
+            except SchedulerError as exc:  # hole discovery failed: try at the next poll
+                log.warning("pilot %s: %s", job.pilot.job_id, exc)
+                return
+
+    # --- Parsl's provider interface ----------------------------------------------------------
+
+    def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.bf") -> str:
+        """Submit a pilot sized to the best current hole, or keep it waiting for one.
+
+        Raises :class:`~parsl.providers.errors.SubmitException` with the scheduler's message
+        when the scheduler refuses (unknown partition or queue, bad walltime, controller down).
+        """
+        with self._lock:
+            try:
+                if not self._checked:
+                    self._check()
+                    self._checked = True
+                now = time.time()
+                request = self._size(now)
+            except SchedulerError as exc:
+                raise SubmitException(job_name, str(exc)) from None
+            job_id = f"{self._label}.{self._count + 1}"
+            job = _Job(Pilot(job_id), command, tasks_per_node, job_name)
+            if request is not None:
+                self._launch(job, request)  # raises before anything is recorded
+            else:
+                log.info("pilot %s: no hole of %d node(s) yet; waiting", job_id, self.min_nodes)
+            self._count += 1
+            self._jobs[job_id] = job
+            self.pilots[job_id] = job.pilot
+            self.resources.setdefault(job_id, {"job_id": None})
+            return job_id
+
+    def _refresh(self, job: _Job) -> None:
+        pilot = job.pilot
+        assert pilot.scheduler_id is not None
+        seen = self._query(pilot.scheduler_id)
+        if seen is None:
+            if pilot.state not in TERMINAL_STATES:
+                # Forgotten by the controller before we saw its end: it is not running.
+                pilot.state, pilot.reason = JobState.COMPLETED, "no longer known to the scheduler"
+            return
+        pilot.state, pilot.reason = seen.state, seen.reason
+        pilot.nodes = seen.nodes or pilot.nodes
+        pilot.started_at = seen.started_at or pilot.started_at
+        pilot.ends_at = seen.ends_at or pilot.ends_at
+        pilot.signalled_at = seen.signalled_at or pilot.signalled_at
+
+    def status(self, job_ids) -> list[JobStatus]:
+        """Pilot states; submits waiting pilots to holes that opened since the last poll."""
+        with self._lock:
+            self._place_waiting(time.time())
+            for job_id in job_ids:
+                job = self._jobs.get(job_id)
+                if job is None or job.request is None or job.pilot.state in TERMINAL_STATES:
+                    continue
+                try:
+                    self._refresh(job)
+                except SchedulerError as exc:  # controller unreachable: keep the last state
+                    log.warning("pilot %s: status unknown: %s", job_id, exc)
+            out = []
+            for job_id in job_ids:
+                job = self._jobs.get(job_id)
+                if job is None:
+                    out.append(JobStatus(JobState.UNKNOWN, "unknown job id"))
+                    continue
+                res = self.resources.get(job_id, {})
+                out.append(
+                    JobStatus(
+                        job.pilot.state,
+                        job.pilot.reason or None,
+                        stdout_path=res.get("job_stdout_path"),
+                        stderr_path=res.get("job_stderr_path"),
+                    )
+                )
+            return out
+
+    def cancel(self, job_ids) -> list[bool]:
+        """Cancel pilots: waiting ones are dropped, submitted ones cancelled by the scheduler."""
+        with self._lock:
+            done, submitted = [], []
+            for job_id in job_ids:
+                job = self._jobs.get(job_id)
+                if job is None or job.pilot.state in TERMINAL_STATES:
+                    done.append(False)
+                    continue
+                if job.request is not None:
+                    assert job.pilot.scheduler_id is not None
+                    submitted.append(job.pilot.scheduler_id)
+                job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
+                done.append(True)
+            try:
+                self._cancel(submitted)
+            except SchedulerError as exc:
+                log.warning("cancel: %s", exc)
+            return done
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    @property
+    def status_polling_interval(self) -> int:
+        return self._polling_interval

@@ -1,0 +1,200 @@
+"""``SlurmBackfillProvider``: preemptible Slurm pilots sized to the holes the scheduler leaves.
+
+Each pilot goes to a preemptible partition (and/or QOS) with as many nodes, for as long, as the
+best current hole allows (:mod:`~parsl_bf.providers.slurm.commands`: idle nodes and the planned
+starts of pending jobs). It is submitted with ``--signal=B:USR1@lead``, which reaches its batch
+shell at the start of the preemption grace time when the site sets
+``SlurmctldParameters=preempt_send_user_signal`` (and ``lead`` seconds before its walltime
+ends; Slurm may send it up to a minute early); at preemption the pilot exits at once, so
+the main job that wants the nodes starts without waiting out the grace time, and it stays on
+a walltime notice until the limit's TERM. Pilots are submitted with ``--no-requeue``: a
+preempted pilot ends, and the next one is sized to the holes of that moment. Preempted and
+walltime-ended pilots are reported as ``JobState.TIMEOUT``, detected from ``scontrol show
+job`` (``PreemptTime``, ``JobState``, run time against the time limit), which works without
+an accounting database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from parsl.jobs.states import JobState
+from parsl.launchers import SrunLauncher
+from parsl.launchers.base import Launcher
+
+from ..base import Pilot, parse_walltime
+from ..batch import BatchBackfillProvider, _Job, shared_settings
+from ..sizing import Hole, PilotRequest
+from . import commands
+from .commands import epoch
+
+__all__ = ["SlurmBackfillProvider", "pilot_from_job"]
+
+_PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+_RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
+_HELD = {"SUSPENDED", "STOPPED"}
+_FAILED = {"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"}
+
+
+def pilot_from_job(
+    fields: dict[str, str], expand: Callable[[str], list[str]], signal_lead_s: float
+) -> Pilot:
+    """A pilot's state from ``scontrol show job -o`` fields.
+
+    Preempted (``PreemptTime`` set) or ended at its time limit → TIMEOUT; cancelled by a user →
+    CANCELLED; its own non-zero exit or a node failure → FAILED. A pilot that left on the
+    walltime-end signal exits 0, so a COMPLETED job whose run reached the time limit minus the
+    signal's lead is a walltime end too.
+    """
+    state = fields.get("JobState", "UNKNOWN")
+    preempted_at = epoch(fields.get("PreemptTime", "None"))
+    pending = state in _PENDING
+    started = None if pending else epoch(fields.get("StartTime", ""))
+    ended = epoch(fields.get("EndTime", ""))
+    nodelist = fields.get("NodeList", "(null)")
+    nodes = [] if pending or nodelist in ("", "(null)") else expand(nodelist)
+    pilot = Pilot(
+        fields.get("JobId", ""),
+        nodes=nodes,
+        started_at=started,
+        ends_at=None if pending else ended,
+        signalled_at=preempted_at,
+        scheduler_id=fields.get("JobId"),
+    )
+    limit = fields.get("TimeLimit", "UNLIMITED")
+    ran_s = (ended - started) if ended and started else 0.0
+    at_limit = limit not in ("UNLIMITED", "Partition_Limit") and ran_s >= (
+        parse_walltime(limit) - signal_lead_s - 5
+    )
+    if pending:
+        pilot.state = JobState.PENDING
+    elif state in _RUNNING:
+        pilot.state = JobState.RUNNING
+    elif state in _HELD:
+        pilot.state = JobState.HELD
+    elif preempted_at is not None or state == "PREEMPTED":
+        pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+    elif state in ("TIMEOUT", "DEADLINE") or (state == "COMPLETED" and at_limit):
+        pilot.state, pilot.reason = JobState.TIMEOUT, "walltime"
+    elif state == "COMPLETED":
+        pilot.state, pilot.reason = JobState.COMPLETED, "exit code 0"
+    elif state == "CANCELLED":
+        pilot.state, pilot.reason = JobState.CANCELLED, "cancelled"
+    elif state in _FAILED:
+        pilot.state = JobState.FAILED
+        pilot.reason = f"{state.lower()}, exit code {fields.get('ExitCode', '?')}"
+    else:
+        pilot.state, pilot.reason = JobState.UNKNOWN, state
+    return pilot
+
+
+class SlurmBackfillProvider(BatchBackfillProvider):
+    """Preemptible Slurm pilots sized to the holes the scheduler leaves.
+
+    Parameters
+    ----------
+    partition : str
+        Partition of preemptible work (its nodes are where holes are looked for).
+    qos, account : str or None
+        ``--qos`` (e.g. a preemptible QOS) and ``--account`` of the pilots.
+    min_nodes, max_nodes : int
+        Nodes per pilot; no pilot is submitted until a hole of ``min_nodes`` exists.
+    min_walltime, max_walltime : str
+        Bounds of a pilot's ``--time`` ("HH:MM:SS"); a hole shorter than the minimum is not
+        used. Slurm counts whole minutes: the walltime is the hole's length rounded down.
+    hole_margin_s : float
+        Seconds taken off a hole's length, for schedulers whose planned starts move earlier.
+    signal_lead_s : int
+        ``--signal=B:USR1@lead``: seconds before the walltime ends at which the pilot is told to
+        leave (at preemption the signal comes at the start of the grace time).
+    exclusive : bool
+        ``--exclusive`` nodes.
+    launcher, worker_init, scheduler_options, init_blocks, min_blocks, max_blocks,
+    parallelism, cmd_timeout, status_polling_interval
+        As for Parsl's ``SlurmProvider`` (``scheduler_options`` are extra ``#SBATCH`` lines).
+    """
+
+    walltime_granularity_s = 60.0
+
+    def __init__(
+        self,
+        partition: str = "backfill",
+        qos: str | None = None,
+        account: str | None = None,
+        min_nodes: int = 1,
+        max_nodes: int = 4,
+        min_walltime: str = "00:02:00",
+        max_walltime: str = "01:00:00",
+        hole_margin_s: float = 0.0,
+        signal_lead_s: int = 10,
+        exclusive: bool = True,
+        launcher: Launcher | None = None,
+        worker_init: str = "",
+        scheduler_options: str = "",
+        init_blocks: int = 1,
+        min_blocks: int = 0,
+        max_blocks: int = 4,
+        parallelism: float = 1.0,
+        cmd_timeout: float = 30.0,
+        status_polling_interval: int = 5,
+    ) -> None:
+        settings = shared_settings(locals())
+        super().__init__(
+            label="slurm-backfill", **settings | {"launcher": launcher or SrunLauncher()}
+        )
+        self.partition, self.qos, self.account, self.exclusive = partition, qos, account, exclusive
+
+    def _run(self, args) -> str:
+        return commands.run(args, timeout=self.cmd_timeout)
+
+    def _check(self) -> None:
+        commands.check_partition(self.partition, self._run)
+
+    def _holes(self, now: float) -> list[Hole]:
+        return commands.holes(self.partition, now, self._run)
+
+    def _directives(self, job: _Job, request: PilotRequest, out: Path, err: Path) -> str:
+        lines = [
+            f"--job-name={job.job_name}",
+            f"--partition={self.partition}",
+            f"--nodes={request.nodes}",
+            f"--time={int(request.walltime_s // 60)}",
+            f"--signal=B:USR1@{self.signal_lead_s}",
+            "--no-requeue",
+            f"--output={out}",
+            f"--error={err}",
+        ]
+        if self.qos:
+            lines.append(f"--qos={self.qos}")
+        if self.account:
+            lines.append(f"--account={self.account}")
+        if self.exclusive:
+            lines.append("--exclusive")
+        return "\n".join(f"#SBATCH {line}" for line in lines)
+
+    def _node_list(self) -> str:
+        return commands.NODE_LIST_SHELL
+
+    def _preempted_test(self) -> str:
+        return commands.PREEMPTED_SHELL
+
+    def _submit_script(self, script: Path) -> str:
+        return commands.sbatch(str(script), self._run)
+
+    def _query(self, scheduler_id: str) -> Pilot | None:
+        fields = commands.show_job(scheduler_id, self._run)
+        if fields is None:
+            return None
+        pilot = pilot_from_job(
+            fields, lambda hl: commands.hostnames(hl, self._run), self.signal_lead_s
+        )
+        if pilot.state is JobState.PENDING and pilot.signalled_at is not None:
+            # Requeued by a site that ignores --no-requeue: it would come back at another
+            # size in ~2 minutes. End it; the executor asks for a pilot sized to the holes.
+            commands.scancel([scheduler_id], self._run)
+            pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+        return pilot
+
+    def _cancel(self, scheduler_ids: list[str]) -> None:
+        commands.scancel(scheduler_ids, self._run)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Parsl's own generic test suite (it ships inside the installed parsl package) against one of
+# our configs:
+#   scripts/parsl-suite.sh PYTHON local   # stock HTEX on LocalBackfillProvider pilots
+#   scripts/parsl-suite.sh PYTHON slurm   # stock HTEX on SlurmBackfillProvider pilots, on a
+#                                         # loopback Slurm cluster of its own (root)
+# Excluded: cleannet (needs a clean network), issue_3620 (about executors that reject unknown
+# resource keys), the two unix_filesystem_permissions_required tests (they fail as root by
+# design), and test_stdout_stderr_staging_zip, which failed 2 of 9 full-suite runs here (the
+# zip file not there yet when the stdout future resolved) and never alone with either our
+# provider or Parsl's LocalProvider; see docs/providers.md. HTEX needs the venv's bin/ on PATH;
+# workers import this checkout.
+set -uo pipefail
+py=${1:?usage: $0 PYTHON local|slurm}
+which=${2:?usage: $0 PYTHON local|slurm}
+bin=$(cd "$(dirname "$py")" && pwd)
+py=$bin/$(basename "$py")
+root=$(cd "$(dirname "$0")/.." && pwd)
+case "$which" in
+  local) config=$root/tests/parsl_suite/htex_local_backfill.py ;;
+  slurm) config=$root/tests/parsl_suite/config_htex_slurm_backfill.py ;;
+  *) echo "usage: $0 PYTHON local|slurm" >&2; exit 2 ;;
+esac
+work=$(mktemp -d)
+cleanup() {
+  [ "$which" = slurm ] && SLURM_LOOPBACK_DIR=$work/slurm "$root/scripts/slurm-loopback.sh" down \
+    >/dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+if [ "$which" = slurm ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "parsl suite on Slurm: skipped (the loopback Slurm cluster needs root)"; exit 0
+  fi
+  # Ports apart from `make slurm-up` and from the pytest session's cluster.
+  export SLURM_LOOPBACK_DIR=$work/slurm NNODES=4 CTLD_PORT=19817 BASE_PORT=29000
+  "$root/scripts/slurm-loopback.sh" up || exit 1
+  export SLURM_CONF=$work/slurm/etc/slurm.conf
+fi
+suite=$("$py" -c 'import os, parsl.tests; print(os.path.dirname(parsl.tests.__file__))')
+(cd "$work" && PATH="$bin:$PATH" PYTHONPATH="$root" "$py" -m pytest "$suite" -q \
+    -p no:cacheprovider --config "$config" \
+    -k "not cleannet and not issue_3620 and not unix_filesystem_permissions_required \
+        and not test_stdout_stderr_staging_zip")

@@ -1,0 +1,33 @@
+"""Small helpers for tests on the loopback Slurm cluster (the ``slurm_env`` fixture)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+
+def run(env, *args: str) -> str:
+    return subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def sbatch(env, partition: str, nodes: int, command: str, *options: str) -> str:
+    """Submit ``command`` on ``nodes`` nodes of ``partition``; the job id."""
+    return run(
+        env,
+        "sbatch",
+        "--parsable",
+        "-p",
+        partition,
+        "-N",
+        str(nodes),
+        *options,
+        "-o",
+        "/dev/null",
+        "--wrap",
+        command,
+    ).strip()
+
+
+def job(env, job_id: str) -> dict[str, str]:
+    text = run(env, "scontrol", "show", "job", job_id)
+    return dict(re.findall(r"(\w+)=(\S*)", text))

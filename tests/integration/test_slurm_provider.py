@@ -1,0 +1,141 @@
+"""SlurmBackfillProvider on the loopback Slurm cluster: pilots sized to the hole, preempted by a
+main job at no cost to it, and a stock HighThroughputExecutor that finishes every app anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from parsl.jobs.states import JobState
+from parsl.launchers import SimpleLauncher, SrunLauncher
+
+from parsl_bf.providers import SlurmBackfillProvider
+
+from ..waiting import until
+from .htex import square, stock_htex
+from .slurm import job, run, sbatch
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+GRACE_S = 10  # the cluster's GraceTime (conftest)
+
+
+@pytest.fixture
+def slurm(slurm_env, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
+    yield slurm_env
+    run(slurm_env, "scancel", "--full", "--user=root")
+    until(lambda: not run(slurm_env, "squeue", "-h", "-t", "R,CG,PD").strip(), 60)
+
+
+def _provider(tmp_path: Path, **kw) -> SlurmBackfillProvider:
+    p = SlurmBackfillProvider(
+        **{"min_walltime": "00:01:00", "max_walltime": "00:10:00", "launcher": SimpleLauncher()}
+        | kw
+    )
+    p.script_dir = str(tmp_path)
+    return p
+
+
+def _start_delay(env, job_id: str) -> float:
+    """Seconds from a job's submission to its start (Slurm's own time stamps)."""
+    fields = job(env, job_id)
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    return time.mktime(time.strptime(fields["StartTime"], fmt)) - time.mktime(
+        time.strptime(fields["SubmitTime"], fmt)
+    )
+
+
+def test_pilot_sized_to_the_hole_then_preempted(slurm, tmp_path: Path) -> None:
+    busy = sbatch(slurm, "main", 2, "sleep 600", "--time=4")
+    until(lambda: job(slurm, busy)["JobState"] == "RUNNING", 30)
+    waiting = sbatch(slurm, "main", 4, "sleep 1", "--time=1")
+    p = _provider(tmp_path)
+    # The backfill scheduler plans `waiting` on all 4 nodes when `busy` ends (<= 4 min): the
+    # hole is the 2 other nodes, for whole minutes up to then.
+    until(lambda: len([h for h in p._holes(time.time()) if h.window_s]) == 2, 60)
+    nodes = tmp_path / "nodes"
+    pilot_id = p.submit(f"echo $PARSL_BF_NODES > {nodes}; sleep 600", 1)
+    pilot = p.pilots[pilot_id]
+    until(lambda: p.status([pilot_id])[0].state is JobState.RUNNING, 60)
+    assert sorted(pilot.nodes) == ["n3", "n4"]
+    assert 60 <= pilot.ends_at - pilot.started_at <= 240
+    until(nodes.exists, 30)
+    assert nodes.read_text().strip() == "n3,n4"  # the pilot knows its nodes
+    # A main job that needs the pilot's nodes: the pilot leaves on the signal at once.
+    run(slurm, "scancel", waiting)
+    main = sbatch(slurm, "main", 2, "sleep 5", "--time=1")
+    until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
+    assert _start_delay(slurm, main) <= GRACE_S + 6
+    until(lambda: p.status([pilot_id])[0].terminal, 60)
+    assert (pilot.state, pilot.reason) == (JobState.TIMEOUT, "preempted")
+    assert pilot.signalled_at is not None
+    assert "preempted, exiting" in Path(p.resources[pilot_id]["job_stderr_path"]).read_text()
+    run(slurm, "scancel", busy)
+
+
+def test_stock_htex_finishes_every_app_through_a_preemption(
+    slurm, tmp_path: Path, monkeypatch
+) -> None:
+    import parsl
+
+    busy = sbatch(slurm, "main", 2, "sleep 600", "--time=5")
+    until(lambda: job(slurm, busy)["JobState"] == "RUNNING", 30)
+    # The issue's usage, with the workers' environment of this checkout.
+    provider = SlurmBackfillProvider(
+        partition="backfill",
+        min_nodes=1,
+        max_nodes=4,
+        min_walltime="00:01:00",
+        max_walltime="00:10:00",
+        launcher=SrunLauncher(),
+        worker_init=f"export PATH={Path(sys.executable).parent}:$PATH PYTHONPATH={ROOT}",
+        max_blocks=1,
+        status_polling_interval=1,
+    )
+    with parsl.load(stock_htex(provider, tmp_path / "runinfo", monkeypatch, retries=3)):
+        assert [f.result(timeout=120) for f in [square(i) for i in range(4)]] == [0, 1, 4, 9]
+        first = next(p for p in provider.pilots.values() if p.state is JobState.RUNNING)
+        assert sorted(first.nodes) == ["n3", "n4"]  # the hole left by `busy`
+        futures = [square(i, 2.0) for i in range(12)]
+        until(lambda: any(f.done() for f in futures), 60)
+        main = sbatch(slurm, "main", 2, "sleep 10", "--time=1")  # needs the pilot's nodes
+        until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
+        assert _start_delay(slurm, main) <= GRACE_S + 6  # zero cost to the main queue
+        # Lost tasks are retried on the next pilot, submitted once `main` leaves a hole.
+        assert [f.result(timeout=240) for f in futures] == [i * i for i in range(12)]
+        assert first.state is JobState.TIMEOUT and first.reason == "preempted"
+        assert len(provider.pilots) >= 2
+    run(slurm, "scancel", busy)
+
+
+def test_bad_input_gets_the_schedulers_message_and_leaves_nothing(slurm, tmp_path: Path) -> None:
+    from parsl.providers.errors import SubmitException
+
+    cases = [
+        (_provider(tmp_path / "a", partition="nope"), "nope"),
+        # sbatch refuses (a QOS is only checked with an accounting database, not here).
+        (
+            _provider(tmp_path / "b", scheduler_options="#SBATCH --constraint=nosuch"),
+            "invalid feature specification",
+        ),
+    ]
+    # A controller that does not answer: a copy of the configuration on another port.
+    conf = tmp_path / "down.conf"
+    text = Path(slurm["SLURM_CONF"]).read_text()
+    conf.write_text(text.replace(f"SlurmctldPort={slurm['CTLD_PORT']}", "SlurmctldPort=1"))
+    for provider, words in cases:
+        with pytest.raises(SubmitException) as err:
+            provider.submit("sleep 1", 1)
+        assert words in str(err.value).lower()
+        assert provider.pilots == {} and not list(Path(provider.script_dir).glob("*.submit"))
+    down = _provider(tmp_path / "c", cmd_timeout=20)
+    os.environ["SLURM_CONF"] = str(conf)  # restored by the fixture's monkeypatch
+    with pytest.raises(SubmitException) as err:
+        down.submit("sleep 1", 1)
+    assert "unable to contact slurm controller" in str(err.value).lower()
+    assert down.pilots == {}

@@ -1,0 +1,52 @@
+"""Pilot sizing: the most node-seconds of the holes within the bounds (pure, property-tested)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from parsl_bf.providers.sizing import Hole, size_pilot
+
+windows = st.lists(st.one_of(st.none(), st.floats(0, 10_000)), min_size=0, max_size=12)
+
+
+def _holes(ws) -> list[Hole]:
+    return [Hole(f"n{i}", "idle", w) for i, w in enumerate(ws)]
+
+
+def test_examples() -> None:
+    holes = _holes([600, 300, 250, None])
+    # 4 nodes x 250 s = 1000 beats 2 x 300 = 600 and 1 x 1800 (the unbounded node, capped).
+    best = size_pilot(holes, 1, 4, 60, 1800)
+    assert best is not None and best.nodes == 1 and best.walltime_s == 1800
+    best = size_pilot(holes, 2, 4, 60, 400)
+    assert best is not None and (best.nodes, best.walltime_s) == (4, 250)
+    assert best.hosts == ("n3", "n0", "n1", "n2")
+    # Slurm minutes: 250 s is 4 minutes; with a 30 s margin, 3.
+    best = size_pilot(holes, 4, 4, 60, 400, margin_s=30, granularity_s=60)
+    assert best is not None and best.walltime_s == 180
+    assert size_pilot(holes, 1, 4, 700, 1800, margin_s=0).hosts == ("n3",)
+    assert size_pilot(_holes([100, 100]), 3, 4, 60, 400) is None
+    assert size_pilot(_holes([50, 40]), 1, 4, 60, 400) is None
+
+
+@given(windows, st.integers(1, 5), st.integers(0, 5), st.floats(1, 600), st.floats(0, 3000))
+def test_best_within_bounds(ws, min_nodes, extra, min_wall, more_wall) -> None:
+    max_nodes, max_wall = min_nodes + extra, min_wall + more_wall
+    best = size_pilot(_holes(ws), min_nodes, max_nodes, min_wall, max_wall)
+    # Brute force over every subset size k of the longest-lived holes.
+    ranked = sorted((float("inf") if w is None else w for w in ws), reverse=True)
+    options = [
+        (k * min(ranked[k - 1], max_wall), k)
+        for k in range(min_nodes, min(max_nodes, len(ranked)) + 1)
+        if min(ranked[k - 1], max_wall) >= min_wall
+    ]
+    if not options:
+        assert best is None
+        return
+    assert best is not None
+    assert min_nodes <= best.nodes <= max_nodes and min_wall <= best.walltime_s <= max_wall
+    assert best.nodes * best.walltime_s == max(options)[0]
+    # The pilot's nodes all stay free for its walltime.
+    by_node = {f"n{i}": w for i, w in enumerate(ws)}
+    assert all(by_node[h] is None or by_node[h] >= best.walltime_s for h in best.hosts)
