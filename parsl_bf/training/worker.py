@@ -37,7 +37,22 @@ __all__ = ["main", "load_task"]
 
 
 def load_task(spec: str, options: dict) -> TrainingTask:
-    """The task that ``module:function`` builds with ``options``."""
+    """The task that ``module:function`` builds with ``options``; ``@FILE``: a function call
+    packed by Parsl (``pack_apply_message``), e.g. an app's own function and arguments."""
+    if spec.startswith("@"):
+        from parsl.serialize import unpack_apply_message
+
+        try:
+            func, args, kwargs = unpack_apply_message(Path(spec[1:]).read_bytes())
+        except (OSError, Exception) as exc:
+            raise TrainingInputError(f"task {spec!r}: {exc}") from None
+        kwargs.pop("parsl_resource_specification", None)
+        task = func(*args, **{**kwargs, **options})
+        if not isinstance(task, TrainingTask):
+            raise TrainingInputError(
+                f"task {spec!r}: returned {type(task).__name__}, not a TrainingTask"
+            )
+        return task
     module, _, name = spec.partition(":")
     if not name:
         raise TrainingInputError(f"task {spec!r}: expected module:function")
@@ -86,7 +101,9 @@ def _share_cores(comm: MPI.Comm) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="parsl_bf.training.worker", description=__doc__)
-    ap.add_argument("--task", required=True, help="module:function returning a TrainingTask")
+    ap.add_argument(
+        "--task", required=True, help="module:function returning a TrainingTask, or @FILE"
+    )
     ap.add_argument("--options", default="{}", help="JSON keyword arguments for the task")
     ap.add_argument("--work", type=int, required=True, help="samples to train in total")
     ap.add_argument("--checkpoint-dir", type=Path, required=True)

@@ -1,0 +1,346 @@
+"""The pilot agent: runs inside each pilot job and starts processes for the executor.
+
+``python -m parsl_bf.executor.agent --url URL --secret-file FILE [--heartbeat-s 1.0]``
+
+It registers with the executor's :class:`~parsl_bf.executor.channel.PilotServer` (who it is:
+``PARSL_BF_JOB_ID``, ``PARSL_BF_NODES``, ``PARSL_BF_PILOT_END``, as the providers export them),
+heartbeats, and runs the server's ``launch``, ``signal`` and ``shutdown`` commands, reporting
+each launched process's exit. A SIGTERM or SIGUSR1 is a preemption: the grace time has begun.
+The agent reports it at once, forwards SIGTERM to every launched process group (training ranks
+checkpoint on it), reports their exits, says ``bye`` and exits 0 once they are gone.
+
+Exit codes: 0 done (shutdown, preemption, pilot script gone), 2 bad arguments or secret file,
+3 no ``welcome`` from the server (wrong secret or URL), 4 the server fell silent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from .channel import read_secret, sign, verify
+
+__all__ = ["Agent", "Identity", "main"]
+
+log = logging.getLogger("parsl_bf.executor.agent")
+
+EXIT_OK, EXIT_USAGE, EXIT_NO_WELCOME, EXIT_LOST = 0, 2, 3, 4
+
+#: Signals the server may ask for, by name.
+SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "USR1": signal.SIGUSR1}
+#: Signals that mean the pilot is ending (a preemption; the grace time follows).
+ENDING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+SHUTDOWN_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this agent is, as it registers."""
+
+    pilot: str
+    nodes: tuple[str, ...]
+    ends_at: float | None
+    host: str
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Identity:
+        """From the pilot's environment; outside a pilot: ``hostname:pid`` on this host."""
+        env = dict(os.environ if env is None else env)
+        host = socket.gethostname()
+        nodes = tuple(n.strip() for n in env.get("PARSL_BF_NODES", "").split(",") if n.strip())
+        ends_at = None
+        if env.get("PARSL_BF_PILOT_END"):
+            try:
+                ends_at = float(env["PARSL_BF_PILOT_END"])
+            except ValueError:
+                log.warning("PARSL_BF_PILOT_END=%r is not a time", env["PARSL_BF_PILOT_END"])
+        pilot = env.get("PARSL_BF_JOB_ID") or f"{host}:{os.getpid()}"
+        return cls(pilot, nodes or (host,), ends_at, host)
+
+
+class Agent:
+    """One pilot's agent; :meth:`run` returns the exit code."""
+
+    def __init__(
+        self,
+        url: str,
+        secret: bytes,
+        identity: Identity,
+        heartbeat_s: float = 1.0,
+        welcome_timeout_s: float = 30.0,
+    ) -> None:
+        self.url, self.secret, self.identity = url, secret, identity
+        self.heartbeat_s, self.welcome_timeout_s = heartbeat_s, welcome_timeout_s
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._signals: list[int] = []
+        self._welcomed = False
+        self._silence_s = 30.0  # until the welcome says how long the server may stay silent
+        self._ending: str | None = None  # why we are leaving, once we are
+        self._kill_at: float | None = None  # monotonic time to KILL what is left
+        self._exit_code = EXIT_OK
+        self._ppid = os.getppid()
+        self._last_heard = 0.0  # time.monotonic() of the server's last message
+        self._sock: zmq.Socket = None  # type: ignore[assignment]  # made by run()
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        self._sock.send_multipart(sign(self.secret, {**msg, "pilot": self.identity.pilot}))
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = verify(self.secret, frames)
+            if msg is None:
+                log.warning("refused message from the server: bad signature")
+                continue
+            self._last_heard = time.monotonic()
+            try:
+                self._handle(msg)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("malformed %r command ignored (%s): %r", msg.get("op"), exc, msg)
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "welcome":
+            if not self._welcomed:
+                log.info("registered with %s", self.url)
+            self._welcomed = True
+            timeout = float(msg.get("heartbeat_timeout_s", 10.0))
+            self._silence_s = 3 * timeout
+            # Several heartbeats per timeout, whatever --heartbeat-s says.
+            self.heartbeat_s = min(self.heartbeat_s, timeout / 3)
+        elif op == "ping":
+            pass
+        elif op == "launch":
+            self._launch(msg)
+        elif op == "signal":
+            self._signal_one(str(msg["key"]), str(msg["signal"]))
+        elif op == "shutdown":
+            log.info("shutdown requested")
+            self._leave("shutdown", kill_after=SHUTDOWN_GRACE_S)
+        else:
+            log.warning("unknown op %r ignored", op)
+
+    # --- processes --------------------------------------------------------------------------
+
+    def _launch(self, msg: dict[str, Any]) -> None:
+        key = str(msg["key"])
+        if key in self.procs:
+            log.error("launch %s ignored: a process with that key is running", key)
+            return
+        if self._ending is not None:
+            # Too late: report it as a process that got the preemption's SIGTERM at once.
+            log.warning("launch %s refused: leaving (%s)", key, self._ending)
+            self._send({"op": "exited", "key": key, "code": -signal.SIGTERM})
+            return
+        stdout, stderr = msg.get("stdout"), msg.get("stderr")
+        try:
+            argv = [str(a) for a in msg["argv"]]
+            env = {**os.environ, **{str(k): str(v) for k, v in (msg.get("env") or {}).items()}}
+            with _output(stdout) as out, _output(stderr) as err:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=msg.get("cwd"),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,  # its own group: signals reach all it starts
+                )
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126  # as a shell would say
+            log.error("launch %s failed: %s", key, exc)
+            if stderr:  # where the executor looks for what went wrong with this process
+                with contextlib.suppress(OSError), open(stderr, "a") as f:
+                    f.write(f"parsl-bf agent {self.identity.pilot}: launch failed: {exc}\n")
+            self._send({"op": "exited", "key": key, "code": code})
+            return
+        self.procs[key] = proc
+        log.info("launched %s (pid %d): %s", key, proc.pid, " ".join(argv))
+
+    def _signal_one(self, key: str, name: str) -> None:
+        sig = SIGNALS.get(name.upper().removeprefix("SIG"))
+        if sig is None:
+            log.warning("signal %r for %s ignored: not one of %s", name, key, ", ".join(SIGNALS))
+            return
+        proc = self.procs.get(key)
+        if proc is None:  # it ended already; its exit is reported or on its way
+            log.info("signal %s for %s ignored: no such process", name, key)
+            return
+        log.info("SIG%s to %s", sig.name.removeprefix("SIG"), key)
+        _killpg(proc.pid, sig)
+
+    def _signal_all(self, sig: int) -> None:
+        for proc in self.procs.values():
+            _killpg(proc.pid, sig)
+
+    def _reap(self) -> None:
+        for key, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            # Leftovers in its group die with it, as processes of a batch job do.
+            _killpg(proc.pid, signal.SIGKILL)
+            del self.procs[key]
+            log.info("%s exited with %d", key, code)
+            self._send({"op": "exited", "key": key, "code": code})
+
+    # --- leaving ----------------------------------------------------------------------------
+
+    def _leave(self, why: str, kill_after: float | None = None, code: int = EXIT_OK) -> None:
+        """TERM every process and leave once they are gone (KILL them after ``kill_after``)."""
+        if self._ending is None:
+            self._ending, self._exit_code = why, code
+            self._signal_all(signal.SIGTERM)
+        if kill_after is not None and self._kill_at is None:
+            self._kill_at = time.monotonic() + kill_after
+
+    def _preempted(self, name: str) -> None:
+        if self._ending is not None:
+            return
+        log.warning("preempted (%s): SIGTERM to %d process group(s)", name, len(self.procs))
+        self._send({"op": "preempted", "signal": name, "at": time.time()})
+        self._leave(f"preempted ({name})")
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signals.append(signum)  # handled in the loop; the wake-up fd ends its poll
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Register, serve until told to leave or preempted, return the exit code."""
+        ctx = zmq.Context()
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.connect(self.url)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        old_wakeup = signal.set_wakeup_fd(wake_w)
+        for sig in (*ENDING, signal.SIGCHLD):  # SIGCHLD only wakes the loop to reap at once
+            signal.signal(sig, self._on_signal)
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(wake_r, zmq.POLLIN)
+        try:
+            return self._serve(poller, wake_r)
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            self._sock.close(linger=2000)  # the last messages (exits, bye) still go out
+            ctx.term()
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _serve(self, poller: zmq.Poller, wake_r: int) -> int:
+        i = self.identity
+        self._send({"op": "register", "nodes": list(i.nodes), "ends_at": i.ends_at, "host": i.host})
+        log.info("registering with %s: nodes %s", self.url, ",".join(i.nodes))
+        started = self._last_heard = time.monotonic()
+        next_beat = started
+        while True:
+            ready = dict(poller.poll(timeout=200))
+            if wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+            if self._sock in ready:
+                self._receive()
+            while self._signals:
+                signum = self._signals.pop(0)
+                if signum != signal.SIGCHLD:
+                    self._preempted(signal.Signals(signum).name.removeprefix("SIG"))
+            self._reap()
+            now = time.monotonic()
+            if not self._welcomed and now - started > self.welcome_timeout_s:
+                print(
+                    f"parsl-bf agent {i.pilot}: no welcome from {self.url} within "
+                    f"{self.welcome_timeout_s:g} s: wrong --secret-file, or no executor "
+                    "listens there",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return EXIT_NO_WELCOME
+            if self._welcomed and now >= next_beat:
+                self._send({"op": "heartbeat"})
+                next_beat = now + self.heartbeat_s
+            if self._welcomed and now - self._last_heard > self._silence_s:
+                if self._ending is None:
+                    log.error("no message from %s for %.0f s: leaving", self.url, self._silence_s)
+                self._leave("executor lost", kill_after=SHUTDOWN_GRACE_S, code=EXIT_LOST)
+            if os.getppid() != self._ppid and self._ppid != 1 and self._ending is None:
+                # The pilot's script left (a preemption, or its walltime): so do we.
+                log.warning("pilot script (pid %d) gone", self._ppid)
+                self._preempted("PARENT")
+            if self._kill_at is not None and now >= self._kill_at and self.procs:
+                log.warning("SIGKILL to %d process group(s) left", len(self.procs))
+                self._signal_all(signal.SIGKILL)
+                self._kill_at = now + 1.0  # again, in case one was just forking
+            if self._ending is not None and not self.procs:
+                if self._exit_code == EXIT_LOST:
+                    return EXIT_LOST
+                self._send({"op": "bye", "reason": self._ending})
+                log.info("bye (%s)", self._ending)
+                return self._exit_code
+
+
+@contextlib.contextmanager
+def _output(path: str | None):
+    """An append-mode file for a process's output (its directory made), or /dev/null."""
+    if not path:
+        yield subprocess.DEVNULL
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        yield f
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # nobody left
+        os.killpg(pgid, sig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m parsl_bf.executor.agent", description=__doc__)
+    parser.add_argument("--url", required=True, help="the executor's pilot server, tcp://HOST:PORT")
+    parser.add_argument("--secret-file", required=True, help="the executor's secret (0600 file)")
+    parser.add_argument("--heartbeat-s", type=float, default=1.0, help="seconds between beats")
+    parser.add_argument(
+        "--welcome-timeout-s",
+        type=float,
+        default=30.0,
+        help="exit 3 if the server has not answered the registration by then",
+    )
+    args = parser.parse_args(argv)
+    identity = Identity.from_env()
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"%(asctime)s parsl-bf agent {identity.pilot} %(levelname)s: %(message)s",
+    )
+    try:
+        secret = read_secret(args.secret_file)
+    except (OSError, ValueError) as exc:
+        print(f"parsl-bf agent {identity.pilot}: cannot read the secret: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.heartbeat_s <= 0:
+        parser.error("--heartbeat-s must be positive")
+    return Agent(args.url, secret, identity, args.heartbeat_s, args.welcome_timeout_s).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

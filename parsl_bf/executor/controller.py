@@ -1,0 +1,358 @@
+"""The executor's decisions, without I/O: which fragment runs where, after every event.
+
+The :class:`Controller` holds what the executor knows (live pilots and their nodes, elastic
+training tasks and plain tasks) and turns each event into :class:`Action`s for the executor to
+carry out. On every event that may change the best allocation it re-solves with the allocator
+(same code and objectives as the replay simulator), maps the counts to nodes without migration
+(:func:`parsl_bf.allocation.plan`), and rescales a fragment by stopping it (its ranks
+checkpoint) and starting it again at the new size once it has stopped.
+
+Beyond the paper's model:
+- a node's value is its pilot's remaining walltime: growing tasks take the longest-lived nodes,
+  shrinking ones give back the shortest-lived, and a node whose pilot ends sooner than
+  ``min_node_life_s`` (e.g. twice a rescale) is not offered to elastic tasks at all;
+- scaling curves and rescale costs measured from the fragments' reports replace the user's
+  guesses as soon as they exist.
+
+Plain tasks (ordinary Parsl apps) take one node each, first come first served, before elastic
+tasks are given the rest; elastic tasks do not grow while plain tasks wait for a node.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..allocation import Allocation, AllocationProblem, Objective, TaskSpec, allocate, plan
+
+__all__ = [
+    "Controller",
+    "ElasticTask",
+    "PlainTask",
+    "PilotView",
+    "StartFragment",
+    "StopFragment",
+    "RunPlain",
+    "Action",
+    "node_id",
+]
+
+# A node is named "<pilot>/<host>": the same host may come back in another pilot.
+Node = str
+
+
+def node_id(pilot: str, host: str) -> Node:
+    return f"{pilot}/{host}"
+
+
+@dataclass
+class PilotView:
+    """A live pilot: its nodes, when it ends, whether it is leaving (preempted, ending)."""
+
+    pilot: str
+    hosts: tuple[str, ...]
+    ends_at: float | None
+    leaving: bool = False
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [node_id(self.pilot, h) for h in self.hosts]
+
+
+@dataclass
+class ElasticTask:
+    """An elastic training task: ``work`` samples of ``task`` (module:function) on
+    ``min_nodes``..``max_nodes`` nodes."""
+
+    id: str
+    work: int
+    min_nodes: int = 1
+    max_nodes: int = 1
+    task: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    scaling: dict[int, float] = field(default_factory=dict)  # the user's guess, samples/s
+    rescale_s: float = 10.0  # the user's guess of a rescale's cost
+    samples: int = 0
+    nodes: tuple[Node, ...] = ()  # the running fragment's nodes
+    generation: int = 0  # fragments started so far
+    state: str = "queued"  # queued, running, stopping, done, failed
+    measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
+    measured_rescale_s: list[float] = field(default_factory=list)
+
+    def curve(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Samples/s at 0..max_nodes: measured where known, else the user's guess, else
+        linear from the best measured (or assumed 1 sample/s) rate per node."""
+        known = {n: statistics.median(r) for n, r in self.measured.items() if r}
+        per_node = max((v / n for n, v in known.items()), default=None)
+        if per_node is None:
+            guesses = {n: v for n, v in self.scaling.items() if n > 0}
+            per_node = max((v / n for n, v in guesses.items()), default=1.0)
+        rates = []
+        for n in range(1, self.max_nodes + 1):
+            rate = known.get(n, self.scaling.get(n, per_node * n))
+            rates.append(max(rate, rates[-1] if rates else 0.0))  # never less with more nodes
+        return tuple(range(self.max_nodes + 1)), (0.0, *rates)
+
+    def rescale_cost(self) -> float:
+        return (
+            statistics.median(self.measured_rescale_s)
+            if self.measured_rescale_s
+            else self.rescale_s
+        )
+
+
+@dataclass
+class PlainTask:
+    """An ordinary Parsl app: one process on one node."""
+
+    id: str
+    node: Node | None = None
+    state: str = "queued"  # queued, running, done
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class StartFragment:
+    """Start ``task``'s fragment number ``generation`` on these hosts of these pilots."""
+
+    task: str
+    generation: int
+    placement: tuple[tuple[str, tuple[str, ...]], ...]  # (pilot, hosts) per group
+
+
+@dataclass(frozen=True)
+class StopFragment:
+    """Ask the fragment's ranks to checkpoint and exit (a rescale, a stop, a preemption)."""
+
+    task: str
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunPlain:
+    task: str
+    pilot: str
+    host: str
+
+
+Action = StartFragment | StopFragment | RunPlain
+
+
+def _split(node: Node) -> tuple[str, str]:
+    pilot, _, host = node.rpartition("/")
+    return pilot, host
+
+
+class Controller:
+    """Decisions of the BackfillExecutor; see the module docstring.
+
+    Parameters
+    ----------
+    objective, tfwd, time_limit
+        The allocator's objective, look-ahead (seconds) and solver time limit.
+    max_tasks
+        Elastic tasks running at once (first come first served).
+    min_node_life_s
+        Nodes whose pilot ends sooner are not offered to elastic tasks (0: the paper's model).
+    """
+
+    def __init__(
+        self,
+        objective: Objective | str = Objective.THROUGHPUT,
+        tfwd: float = 60.0,
+        time_limit: float = 10.0,
+        max_tasks: int = 10,
+        min_node_life_s: float = 0.0,
+    ) -> None:
+        self.objective = Objective(objective)
+        self.tfwd, self.time_limit = tfwd, time_limit
+        self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
+        self.pilots: dict[str, PilotView] = {}
+        self.elastic: dict[str, ElasticTask] = {}
+        self.plain: dict[str, PlainTask] = {}
+        self.last_allocation: Allocation | None = None
+        self.solves = 0
+
+    # --- events -----------------------------------------------------------------------------
+
+    def pilot_up(self, pilot: str, hosts: Iterable[str], ends_at: float | None, now: float):
+        self.pilots[pilot] = PilotView(pilot, tuple(hosts), ends_at)
+        return self.decide(now)
+
+    def pilot_leaving(self, pilot: str, now: float, reason: str = "preempted") -> list[Action]:
+        """The pilot was told to go (preemption, walltime end): its fragments checkpoint now."""
+        view = self.pilots.get(pilot)
+        if view is None or view.leaving:
+            return []
+        view.leaving = True
+        actions: list[Action] = []
+        for task in self.elastic.values():
+            if task.state == "running" and any(_split(n)[0] == pilot for n in task.nodes):
+                task.state = "stopping"
+                actions.append(StopFragment(task.id, task.generation, reason))
+        return actions + self.decide(now)
+
+    def pilot_gone(self, pilot: str, now: float) -> list[Action]:
+        """The pilot ended or stopped answering. Plain tasks on it are queued again (a
+        preemption is not their failure); fragments on it were stopped (or are stopped now)."""
+        actions = self.pilot_leaving(pilot, now, "pilot gone")
+        self.pilots.pop(pilot, None)
+        for task in self.plain.values():
+            if task.state == "running" and task.node and _split(task.node)[0] == pilot:
+                task.state, task.node = "queued", None
+        return actions + self.decide(now)
+
+    def submit_elastic(self, task: ElasticTask, now: float) -> list[Action]:
+        self.elastic[task.id] = task
+        return self.decide(now)
+
+    def submit_plain(self, task: PlainTask, now: float) -> list[Action]:
+        self.plain[task.id] = task
+        return self.decide(now)
+
+    def plain_finished(self, task_id: str, now: float, lost: bool = False) -> list[Action]:
+        """A plain task's process ended; ``lost``: killed with its pilot, run it again."""
+        task = self.plain[task_id]
+        task.node = None
+        task.state = "queued" if lost else "done"
+        return self.decide(now)
+
+    def fragment_ended(
+        self, task_id: str, generation: int, status: str, samples: int, now: float
+    ) -> list[Action]:
+        """All ranks of a fragment exited: ``done`` (all the work), ``stopped`` (checkpointed;
+        it continues at the next decision) or ``failed``."""
+        task = self.elastic[task_id]
+        if generation != task.generation:
+            return []
+        task.samples = max(task.samples, samples)
+        task.nodes = ()
+        task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
+        return self.decide(now)
+
+    def progress(self, task_id: str, world: int, rate: float, samples: int) -> None:
+        """A fragment's step report: learn its scaling curve."""
+        task = self.elastic.get(task_id)
+        if task is not None and rate > 0:
+            task.measured.setdefault(world, []).append(rate)
+            task.samples = max(task.samples, samples)
+
+    def rescaled(self, task_id: str, seconds: float) -> None:
+        """A fragment took ``seconds`` from its predecessor's stop to its first step."""
+        task = self.elastic.get(task_id)
+        if task is not None and seconds >= 0:
+            task.measured_rescale_s.append(seconds)
+
+    # --- the decision -----------------------------------------------------------------------
+
+    def _usable(self, now: float) -> dict[Node, float]:
+        """Nodes of pilots not leaving → seconds left (inf when the pilot has no end)."""
+        out = {}
+        for view in self.pilots.values():
+            if view.leaving:
+                continue
+            left = float("inf") if view.ends_at is None else view.ends_at - now
+            for node in view.nodes:
+                out[node] = left
+        return out
+
+    def outstanding_nodes(self) -> int:
+        """Nodes the tasks could use now: what the scaling loop asks pilots for."""
+        plain = sum(1 for t in self.plain.values() if t.state in ("queued", "running"))
+        elastic = [t for t in self.elastic.values() if t.state in ("queued", "running", "stopping")]
+        return plain + sum(t.max_nodes for t in elastic[: self.max_tasks])
+
+    def decide(self, now: float) -> list[Action]:
+        usable = self._usable(now)
+        busy = {t.node for t in self.plain.values() if t.state == "running"}
+        for task in self.elastic.values():
+            if task.state in ("running", "stopping"):
+                busy.update(task.nodes)
+        free = [n for n in usable if n not in busy]
+        actions: list[Action] = []
+        # Plain tasks first, on the shortest-lived free nodes (they are short).
+        free.sort(key=lambda n: (usable[n], n))
+        waiting_plain = 0
+        for task in self.plain.values():
+            if task.state != "queued":
+                continue
+            if not free:
+                waiting_plain += 1
+                continue
+            node = free.pop(0)
+            task.node, task.state = node, "running"
+            task.attempts += 1
+            actions.append(RunPlain(task.id, *_split(node)))
+        actions += self._allocate_elastic(usable, free, waiting_plain, now)
+        return actions
+
+    def _allocate_elastic(
+        self, usable: dict[Node, float], free: list[Node], waiting_plain: int, now: float
+    ) -> list[Action]:
+        running = [t for t in self.elastic.values() if t.state == "running"]
+        queued = [t for t in self.elastic.values() if t.state == "queued"]
+        stopping = sum(1 for t in self.elastic.values() if t.state == "stopping")
+        candidates = running + queued[: max(0, self.max_tasks - len(running) - stopping)]
+        if not candidates:
+            return []
+        # Long enough-lived free nodes only; none while plain tasks wait for one.
+        offered = [n for n in free if usable[n] >= self.min_node_life_s]
+        if waiting_plain:
+            offered = []
+        specs = []
+        for task in candidates:
+            nodes, rates = task.curve()
+            cost = task.rescale_cost()
+            specs.append(
+                TaskSpec(
+                    id=task.id,
+                    min_nodes=task.min_nodes,
+                    max_nodes=task.max_nodes,
+                    current_nodes=len(task.nodes),
+                    nodes=nodes,
+                    throughput=rates,
+                    rescale_up_s=cost,
+                    rescale_down_s=cost,
+                    remaining_work=max(0.0, float(task.work - task.samples)),
+                )
+            )
+        problem = AllocationProblem(
+            tasks=tuple(specs),
+            free_nodes=len(offered),
+            tfwd=self.tfwd,
+            objective=self.objective,
+            cap_at_remaining_work=True,
+        )
+        allocation = allocate(problem, "milp", self.time_limit)
+        self.last_allocation, self.solves = allocation, self.solves + 1
+        node_plan = plan(
+            allocation.counts,
+            {t.id: t.nodes for t in candidates},
+            offered,
+            node_value={n: min(usable[n], 1e12) for n in usable},
+        )
+        actions: list[Action] = []
+        for task in candidates:
+            step = node_plan.tasks[task.id]
+            if step.nodes == task.nodes:
+                continue
+            if task.state == "running":  # a rescale or a stop: restart after the checkpoint
+                task.state = "stopping"
+                actions.append(StopFragment(task.id, task.generation, step.action.value))
+            elif step.nodes:
+                task.nodes, task.state = tuple(step.nodes), "running"
+                task.generation += 1
+                actions.append(StartFragment(task.id, task.generation, _placement(step.nodes)))
+        return actions
+
+
+def _placement(nodes: Iterable[Node]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Group a fragment's nodes by pilot: one launcher (group) per pilot."""
+    groups: dict[str, list[str]] = {}
+    for node in nodes:
+        pilot, host = _split(node)
+        groups.setdefault(pilot, []).append(host)
+    return tuple((pilot, tuple(hosts)) for pilot, hosts in groups.items())

@@ -1,0 +1,137 @@
+"""Run one plain Parsl app in a process of its own: ``python -m parsl_bf.executor.runner IN OUT``.
+
+``IN`` holds ``parsl.serialize.pack_apply_message(func, args, kwargs)``. The runner calls the
+function and writes its outcome to ``OUT`` atomically (a temporary file, then a rename, so a
+reader never sees half a file): ``serialize({"result": value})`` or, if it raised,
+``serialize({"exception": RemoteExceptionWrapper(...)})``, which keeps the remote traceback.
+:func:`read_outcome` reads it back for the executor.
+
+Exit 0 in both cases: the exception travels in the file. Exit 2 on bad input (wrong arguments,
+unreadable ``IN``, a buffer that does not unpack); the message goes to stderr and, when ``OUT``
+can be written, an exception outcome saying the same goes there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from parsl.app.errors import RemoteExceptionWrapper
+from parsl.serialize import deserialize, serialize, unpack_apply_message
+
+__all__ = ["RunnerError", "UnpicklableError", "main", "read_outcome"]
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+
+class RunnerError(RuntimeError):
+    """The runner could not run the app: its input is missing or does not unpack."""
+
+
+class UnpicklableError(RuntimeError):
+    """Stands for an app's exception that could not be serialised: its type, text, traceback."""
+
+
+def _write(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file in the same directory)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # a shared file system may show the rename before the data
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _exception_outcome(exc: BaseException) -> bytes:
+    """``{"exception": wrapper}``, serialised: the real exception if it can be."""
+    try:
+        data = serialize({"exception": RemoteExceptionWrapper(type(exc), exc, exc.__traceback__)})
+        deserialize(data)  # some pickle but do not unpickle (a custom __init__ signature)
+        return data
+    except Exception as err:
+        text = "".join(traceback.format_exception(exc))
+        stand_in = UnpicklableError(
+            f"{type(exc).__module__}.{type(exc).__qualname__}: {exc} "
+            f"(the exception could not be serialised: {err})\n{text}"
+        )
+        return serialize({"exception": RemoteExceptionWrapper(UnpicklableError, stand_in, None)})
+
+
+def _result_outcome(value: Any) -> bytes:
+    try:
+        return serialize({"result": value})
+    except Exception as exc:  # the app ran, but its value cannot travel: that is its outcome
+        return _exception_outcome(exc)
+
+
+def read_outcome(path: str | os.PathLike[str]) -> tuple[bool, Any]:
+    """``(True, value)`` or ``(False, exception)`` from a runner's ``OUT`` file.
+
+    The exception is the app's own (its remote traceback attached) when it could be
+    serialised, else an :class:`UnpicklableError` with its type, text and traceback.
+    Raises ``OSError`` if the file is missing, :class:`RunnerError` if it is not an outcome.
+    """
+    try:
+        outcome = deserialize(Path(path).read_bytes())
+    except OSError:
+        raise
+    except Exception as exc:
+        raise RunnerError(f"{path}: not a runner outcome: {exc}") from exc
+    if isinstance(outcome, dict) and "result" in outcome:
+        return True, outcome["result"]
+    if isinstance(outcome, dict) and "exception" in outcome:
+        exc = outcome["exception"]
+        if isinstance(exc, RemoteExceptionWrapper):
+            exc = exc.get_exception()
+        return False, exc
+    raise RunnerError(f"{path}: not a runner outcome: {type(outcome).__name__}")
+
+
+def _bad_input(message: str, out: str | None) -> int:
+    print(f"parsl-bf runner: {message}", file=sys.stderr)
+    if out is not None:
+        try:
+            _write(out, _exception_outcome(RunnerError(message)))
+        except Exception as exc:
+            print(f"parsl-bf runner: cannot write {out}: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the app in ``IN``, write its outcome to ``OUT``; returns the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m parsl_bf.executor.runner IN OUT", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    src, out = args
+    try:
+        func, f_args, f_kwargs = unpack_apply_message(Path(src).read_bytes())
+    except Exception as exc:  # unreadable, truncated, or an app whose modules are missing here
+        return _bad_input(f"cannot unpack {src}: {type(exc).__name__}: {exc}", out)
+    try:
+        outcome = _result_outcome(func(*f_args, **f_kwargs))
+    except BaseException as exc:  # SystemExit from an app is its outcome too
+        outcome = _exception_outcome(exc)
+    try:
+        _write(out, outcome)
+    except Exception as exc:
+        print(f"parsl-bf runner: cannot write {out}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    # Run as the importable module, not as __main__: the exceptions defined here must pickle
+    # by reference to parsl_bf.executor.runner for the executor to unpickle them.
+    from parsl_bf.executor.runner import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,84 @@
+"""BackfillExecutor end to end on the local backfill emulation: real pilots (agents), real
+fragment ranks (mpiexec), real preemptions (SIGTERM, then SIGKILL after the grace time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from parsl_bf.executor import BackfillExecutor
+from parsl_bf.providers import LocalBackfillProvider
+from parsl_bf.training.reports import read_reports
+
+from .htex import ROOT
+
+pytestmark = pytest.mark.slow
+CHECKPOINT_EVERY, BATCH = 5, 64
+
+
+def _lost_per_restart(reports: list[dict]) -> list[int]:
+    """Samples done before a fragment ended but not in the checkpoint its successor loaded."""
+    lost, best = [], 0
+    for r in reports:
+        if r["event"] == "start" and best:
+            lost.append(max(0, best - (r["samples"] - BATCH)))
+        if "samples" in r:
+            best = max(best, r["samples"])
+    return lost
+
+
+def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, monkeypatch):
+    import parsl
+    from parsl.app.app import python_app
+    from parsl.config import Config
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    # 4 emulated nodes, each idle 40 s then busy 8 s (phase-shifted): pilots ask for the most
+    # walltime and are preempted when a main job (the synthetic trace) takes a node back.
+    provider = LocalBackfillProvider(
+        nodes=4,
+        time_scale=1,
+        idle_s=40,
+        busy_s=8,
+        known_holes=False,
+        max_nodes=2,
+        min_walltime="00:00:05",
+        max_walltime="00:30:00",
+        grace_s=5,
+        max_blocks=4,
+    )
+    executor = BackfillExecutor(
+        label="bf",
+        provider=provider,
+        tfwd=30,
+        checkpoint_every=CHECKPOINT_EVERY,
+        rescale_s=5,
+        heartbeat_timeout_s=10,
+    )
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=4000, min_nodes=1, max_nodes=2
+    )
+
+    @python_app(executors=["bf"])
+    def cube(x: int) -> int:
+        return x**3
+
+    with parsl.load(config):
+        trials = [train(lr=0.05, width=8, global_batch=BATCH, seed=i) for i in range(6)]
+        plain = [cube(i) for i in range(20)]
+        assert [f.result(timeout=900) for f in plain] == [i**3 for i in range(20)]
+        outcomes = [f.result(timeout=900) for f in trials]
+    assert all(o["status"] == "done" and o["samples"] == 4000 for o in outcomes)
+    assert all(o["metrics"]["accuracy"] > 0.5 for o in outcomes)
+    preempted = [p for p in provider.pilots.values() if p.reason == "preempted"]
+    assert len(preempted) >= 3 and executor.preemptions >= 3
+    tasks = Path(executor.directory) / "tasks"
+    for progress in tasks.glob("*/progress.jsonl"):
+        assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(read_reports(progress)))
+    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+    assert any(e["event"] == "decision" and e["cause"] == "pilot preempted" for e in events)

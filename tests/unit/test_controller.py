@@ -1,0 +1,178 @@
+"""The executor's decisions (pure): allocation on every event, rescale by stop-and-restart,
+preemption, plain tasks first, walltime-aware node offers. Real GLPK solves each event."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parsl_bf.executor.controller import (
+    Controller,
+    ElasticTask,
+    PlainTask,
+    RunPlain,
+    StartFragment,
+    StopFragment,
+)
+
+NOW = 1000.0
+
+
+def _nodes(start: StartFragment) -> list[str]:
+    return [f"{p}/{h}" for p, hosts in start.placement for h in hosts]
+
+
+def _task(tid: str, lo: int = 1, hi: int = 4, work: int = 10_000) -> ElasticTask:
+    return ElasticTask(tid, work=work, min_nodes=lo, max_nodes=hi, task="m:f")
+
+
+def test_pilot_up_starts_fragments_within_their_bounds() -> None:
+    c = Controller(tfwd=60)
+    assert c.submit_elastic(_task("a", 1, 3), NOW) == []  # no nodes yet
+    c.submit_elastic(_task("b", 2, 4), NOW)
+    actions = c.pilot_up("p1", ["n1", "n2", "n3", "n4", "n5"], None, NOW)
+    starts = {a.task: _nodes(a) for a in actions if isinstance(a, StartFragment)}
+    assert set(starts) == {"a", "b"}
+    assert 1 <= len(starts["a"]) <= 3 and 2 <= len(starts["b"]) <= 4
+    assert not set(starts["a"]) & set(starts["b"])
+    assert len(starts["a"]) + len(starts["b"]) == 5  # linear guesses: every node is worth it
+    assert c.outstanding_nodes() == 7
+
+
+def test_preemption_stops_the_fragment_and_it_restarts_on_what_is_left() -> None:
+    c = Controller(tfwd=60)
+    c.submit_elastic(_task("a", 1, 4), NOW)
+    (start,) = c.pilot_up("p1", ["n1", "n2"], None, NOW)
+    c.pilot_up("p2", ["n3"], None, NOW)  # a grow: stop first, restart after the checkpoint
+    assert c.elastic["a"].state == "stopping"
+    actions = c.fragment_ended("a", start.generation, "stopped", 500, NOW + 1)
+    (restart,) = actions
+    assert isinstance(restart, StartFragment) and len(_nodes(restart)) == 3
+    assert c.elastic["a"].samples == 500
+    # p2 is preempted: the fragment spanning it checkpoints, then runs on p1's two nodes.
+    (stop,) = c.pilot_leaving("p2", NOW + 2)
+    assert stop == StopFragment("a", restart.generation, "preempted")
+    c.pilot_gone("p2", NOW + 3)
+    (again,) = c.fragment_ended("a", restart.generation, "stopped", 900, NOW + 4)
+    assert sorted(_nodes(again)) == ["p1/n1", "p1/n2"]
+    # A stale report of an older fragment changes nothing.
+    assert c.fragment_ended("a", start.generation, "done", 10_000, NOW + 5) == []
+    assert c.elastic["a"].state == "running"
+
+
+def test_plain_tasks_get_nodes_first_and_are_requeued_with_a_lost_pilot() -> None:
+    c = Controller(tfwd=60)
+    c.submit_elastic(_task("a", 1, 4), NOW)
+    c.submit_plain(PlainTask("x"), NOW)
+    actions = c.pilot_up("p1", ["n1", "n2"], None, NOW)
+    plain = [a for a in actions if isinstance(a, RunPlain)]
+    (start,) = [a for a in actions if isinstance(a, StartFragment)]
+    assert len(plain) == 1 and len(_nodes(start)) == 1
+    assert f"{plain[0].pilot}/{plain[0].host}" not in _nodes(start)
+    c.pilot_gone("p1", NOW + 1)
+    assert c.plain["x"].state == "queued" and c.plain["x"].node is None
+    (rerun,) = c.pilot_up("p2", ["m1"], None, NOW + 2)  # plain first: the task waits
+    assert rerun == RunPlain("x", "p2", "m1")
+
+
+def test_a_node_about_to_leave_is_not_worth_a_rescale() -> None:
+    c = Controller(tfwd=60, min_node_life_s=40)
+    c.submit_elastic(_task("a", 1, 4), NOW)
+    assert c.pilot_up("short", ["n1", "n2"], NOW + 30, NOW) == []
+    (start,) = c.pilot_up("long", ["n3"], NOW + 3600, NOW)
+    assert _nodes(start) == ["long/n3"]
+    paper = Controller(tfwd=60, min_node_life_s=0)
+    paper.submit_elastic(_task("a", 1, 4), NOW)
+    (start,) = paper.pilot_up("short", ["n1", "n2"], NOW + 30, NOW)
+    assert len(_nodes(start)) == 2
+
+
+def test_measured_rates_replace_the_guess() -> None:
+    t = ElasticTask("a", work=1000, max_nodes=3, scaling={1: 10.0, 2: 20.0, 3: 30.0})
+    assert t.curve() == ((0, 1, 2, 3), (0.0, 10.0, 20.0, 30.0))
+    for rate in (50.0, 52.0, 48.0):
+        t.measured.setdefault(2, []).append(rate)
+    nodes, rates = t.curve()
+    assert rates[2] == 50.0 and rates[3] == 50.0  # measured 2; the guess 30 < 50 is lifted
+    assert ElasticTask("b", work=1, max_nodes=2).curve()[1] == (0.0, 1.0, 2.0)
+
+
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("up"), st.integers(1, 3), st.sampled_from([None, 20.0, 500.0])),
+        st.tuples(st.just("leave"), st.integers(0, 5)),
+        st.tuples(st.just("gone"), st.integers(0, 5)),
+        st.tuples(st.just("elastic"), st.integers(1, 2), st.integers(1, 3)),
+        st.tuples(st.just("plain")),
+        st.tuples(st.just("end"), st.integers(0, 5), st.sampled_from(["stopped", "done"])),
+        st.tuples(st.just("plain_end"), st.integers(0, 5)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events)
+def test_no_node_is_ever_given_twice(seq) -> None:
+    c = Controller(tfwd=60, time_limit=5, min_node_life_s=30)
+    now, pilots, n = NOW, [], 0
+    owner: dict[str, str] = {}  # node → what runs there now, from the actions alone
+
+    def apply(actions) -> None:
+        for a in actions:
+            if isinstance(a, StartFragment):
+                for node in _nodes(a):
+                    assert node not in owner, f"{node} given to {a.task} and {owner[node]}"
+                    view = c.pilots[node.split("/")[0]]
+                    assert not view.leaving
+                    owner[node] = a.task
+                task = c.elastic[a.task]
+                assert task.min_nodes <= len(_nodes(a)) <= task.max_nodes
+            elif isinstance(a, RunPlain):
+                node = f"{a.pilot}/{a.host}"
+                assert node not in owner
+                owner[node] = a.task
+
+    def release(task_id: str) -> None:
+        for node in [k for k, v in owner.items() if v == task_id]:
+            del owner[node]
+
+    for ev in seq:
+        now += 7
+        kind = ev[0]
+        if kind == "up":
+            n += 1
+            pid = f"p{n}"
+            pilots.append(pid)
+            ends = None if ev[2] is None else now + ev[2]
+            apply(c.pilot_up(pid, [f"h{i}" for i in range(ev[1])], ends, now))
+        elif kind in ("leave", "gone") and pilots:
+            pid = pilots[ev[1] % len(pilots)]
+            if kind == "leave":
+                apply(c.pilot_leaving(pid, now))
+            else:
+                pilots.remove(pid)
+                for node in [k for k in owner if k.startswith(pid + "/")]:
+                    del owner[node]  # its processes died with it
+                apply(c.pilot_gone(pid, now))
+        elif kind == "elastic":
+            n += 1
+            lo = ev[1]
+            apply(c.submit_elastic(_task(f"e{n}", lo, lo + ev[2] - 1), now))
+        elif kind == "plain":
+            n += 1
+            apply(c.submit_plain(PlainTask(f"x{n}"), now))
+        elif kind == "end":
+            stopping = [t for t in c.elastic.values() if t.state in ("stopping", "running")]
+            if stopping:
+                t = stopping[ev[1] % len(stopping)]
+                if t.state == "running" and ev[2] == "stopped":
+                    continue  # a running fragment only stops when asked
+                release(t.id)
+                apply(c.fragment_ended(t.id, t.generation, ev[2], 0, now))
+        elif kind == "plain_end":
+            running = [t for t in c.plain.values() if t.state == "running"]
+            if running:
+                t = running[ev[1] % len(running)]
+                release(t.id)
+                apply(c.plain_finished(t.id, now))
