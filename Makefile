@@ -26,9 +26,11 @@ $(STAMP): setup.cfg pyproject.toml
 test: setup
 	@scripts/run-tests.sh $(BIN)/python
 
-# Parsl's own test suite against a stock HTEX on our local and Slurm (root) providers.
+# Parsl's own test suite against a stock HTEX on our local and Slurm (root) providers, and
+# against the BackfillExecutor.
 test-parsl-suite: setup
 	scripts/parsl-suite.sh $(BIN)/python local
+	scripts/parsl-suite.sh $(BIN)/python backfill
 	scripts/parsl-suite.sh $(BIN)/python slurm
 
 # The quick default selection (skips tests marked slow).

@@ -4,6 +4,7 @@
 #   scripts/parsl-suite.sh PYTHON local   # stock HTEX on LocalBackfillProvider pilots
 #   scripts/parsl-suite.sh PYTHON slurm   # stock HTEX on SlurmBackfillProvider pilots, on a
 #                                         # loopback Slurm cluster of its own (root)
+#   scripts/parsl-suite.sh PYTHON backfill  # our BackfillExecutor on LocalBackfillProvider
 # Excluded: cleannet (needs a clean network), issue_3620 (about executors that reject unknown
 # resource keys), the two unix_filesystem_permissions_required tests (they fail as root by
 # design), and test_stdout_stderr_staging_zip, which failed 2 of 9 full-suite runs here (the
@@ -11,15 +12,16 @@
 # provider or Parsl's LocalProvider; see docs/providers.md. HTEX needs the venv's bin/ on PATH;
 # workers import this checkout.
 set -uo pipefail
-py=${1:?usage: $0 PYTHON local|slurm}
-which=${2:?usage: $0 PYTHON local|slurm}
+py=${1:?usage: $0 PYTHON local|slurm|backfill}
+which=${2:?usage: $0 PYTHON local|slurm|backfill}
 bin=$(cd "$(dirname "$py")" && pwd)
 py=$bin/$(basename "$py")
 root=$(cd "$(dirname "$0")/.." && pwd)
 case "$which" in
   local) config=$root/tests/parsl_suite/htex_local_backfill.py ;;
   slurm) config=$root/tests/parsl_suite/config_htex_slurm_backfill.py ;;
-  *) echo "usage: $0 PYTHON local|slurm" >&2; exit 2 ;;
+  backfill) config=$root/tests/parsl_suite/backfill_local.py ;;
+  *) echo "usage: $0 PYTHON local|slurm|backfill" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)
 cleanup() {

@@ -18,6 +18,8 @@ rc=$?
 if [ $rc -eq 5 ]; then echo "no slow tests selected"; rc=0; fi
 [ $rc -eq 0 ] || exit $rc
 
-# Parsl's own suite against a stock HTEX on our providers (exclusions: scripts/parsl-suite.sh).
+# Parsl's own suite against a stock HTEX on our providers and against our BackfillExecutor
+# (exclusions: scripts/parsl-suite.sh).
 scripts/parsl-suite.sh "$py" local || exit $?
+scripts/parsl-suite.sh "$py" backfill || exit $?
 scripts/parsl-suite.sh "$py" slurm

@@ -52,6 +52,7 @@ from typing import Any
 import zmq
 
 __all__ = [
+    "Event",
     "PilotGone",
     "PilotPreempted",
     "PilotServer",
@@ -59,6 +60,7 @@ __all__ = [
     "ProcessExited",
     "Refused",
     "new_secret",
+    "read_secret",
     "sign",
     "verify",
     "write_secret",

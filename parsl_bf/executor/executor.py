@@ -463,7 +463,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                     str(out),
                 ],
                 "env": {"PYTHONPATH": _pythonpath()},
-                "cwd": str(d),
+                "cwd": os.getcwd(),  # relative paths in apps mean what they mean here
                 "stdout": str(d / "app.stdout"),
                 "stderr": str(d / "app.stderr"),
             },

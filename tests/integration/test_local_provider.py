@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -138,3 +139,23 @@ def test_stock_htex_finishes_every_app_through_preemptions(tmp_path: Path, monke
         assert [f.result(timeout=300) for f in futures] == [i * i for i in range(24)]
     preempted = [p for p in provider.pilots.values() if p.reason == "preempted"]
     assert len(preempted) >= 2 and all(p.state is JobState.TIMEOUT for p in preempted)
+
+
+def test_sigkill_reaches_processes_in_sessions_of_their_own(tmp_path: Path) -> None:
+    # A pilot agent starts ranks in new sessions; a batch system's job container kills them
+    # with the job, so the emulation must too.
+    p = _provider(tmp_path, known_holes=False, max_walltime="00:10:00")
+    pid_file = tmp_path / "detached"
+    agent = (
+        "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "child = subprocess.Popen(['sleep', '600'], start_new_session=True); "
+        f"open('{pid_file}.tmp', 'w').write(str(child.pid)); "
+        f"__import__('os').rename('{pid_file}.tmp', '{pid_file}'); time.sleep(600)"
+    )
+    job = p.submit(f'{sys.executable} -c "{agent}"', 1)
+    until(pid_file.exists, 10)
+    detached = int(pid_file.read_text())
+    until(lambda: p.status([job])[0].state is JobState.TIMEOUT, 15)  # preempted at trace 30 s
+    stat = Path(f"/proc/{detached}/stat")
+    # Gone, or a zombie nobody reaped (a container's init may not): no longer running.
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"

@@ -51,6 +51,30 @@ class _Job:
     err: Path | None = None
 
 
+def _session_tree(sid: int) -> list[int]:
+    """Processes of session ``sid`` and all their descendants, even those that started
+    sessions of their own (Linux /proc): what a batch system's job container holds."""
+    children: dict[int, list[int]] = {}
+    members: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        if int(fields[3]) == sid:
+            members.append(pid)
+    out: list[int] = []
+    stack = list(members)
+    while stack:
+        pid = stack.pop()
+        if pid not in out:
+            out.append(pid)
+            stack.extend(children.get(pid, []))
+    return out
+
+
 class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
     """Pilots on an emulated backfill cluster whose idle nodes follow a trace.
 
@@ -246,10 +270,16 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         log.info("pilot %s started on %s for %.0f s", pilot.job_id, ",".join(nodes), walltime_s)
 
     def _signal(self, job: _Job, sig: int) -> None:
-        """Signal the pilot's whole process group (its session)."""
-        if job.proc is not None:
-            with contextlib.suppress(ProcessLookupError):  # nobody left
-                os.killpg(job.proc.pid, sig)
+        """Signal the pilot's whole process group (its session); SIGKILL also reaches every
+        descendant in a session of its own, as a batch system's job container would."""
+        if job.proc is None:
+            return
+        if sig == signal.SIGKILL:
+            for pid in _session_tree(job.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError):  # nobody left
+            os.killpg(job.proc.pid, sig)
 
     @staticmethod
     def _group_alive(job: _Job) -> bool:

@@ -1,0 +1,300 @@
+"""Pilot agents as real processes on a real ZeroMQ channel; the plain-app runner."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from parsl.serialize import pack_apply_message
+
+from parsl_bf.executor.channel import (
+    PilotGone,
+    PilotPreempted,
+    PilotServer,
+    PilotUp,
+    ProcessExited,
+    Refused,
+    write_secret,
+)
+from parsl_bf.executor.runner import RunnerError, UnpicklableError, read_outcome
+
+from ..waiting import until
+
+ROOT = Path(__file__).resolve().parents[2]
+END = 1_900_000_000.5
+
+
+class Events:
+    """What a server reported, in order (appended from the server's thread)."""
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: object) -> None:
+        with self._lock:
+            self.items.append(event)
+
+    def of(self, kind: type) -> list:
+        with self._lock:
+            return [e for e in self.items if isinstance(e, kind)]
+
+    def wait(self, expected: object, timeout: float = 10.0) -> float:
+        """Wait for an event equal to ``expected``; its index in :attr:`items`."""
+        until(lambda: expected in self.items, timeout, f"no {expected!r} in {self.items!r}")
+        return self.items.index(expected)
+
+
+def _env(pilot: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "PARSL_BF_JOB_ID": pilot,
+        "PARSL_BF_NODES": "n0,n1",
+        "PARSL_BF_PILOT_END": str(END),
+    }
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    write_secret(tmp_path / "secret")
+    return tmp_path / "secret"
+
+
+@pytest.fixture
+def serve(secret_file: Path) -> Iterator:
+    """``serve(heartbeat_timeout_s=...) -> (server, events)``, stopped after the test."""
+    servers: list[PilotServer] = []
+
+    def start(heartbeat_timeout_s: float = 10.0, secret: bytes | None = None):
+        events = Events()
+        server = PilotServer(
+            secret or secret_file.read_bytes(), events, heartbeat_timeout_s=heartbeat_timeout_s
+        )
+        server.start()
+        servers.append(server)
+        return server, events
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def agent(tmp_path: Path, secret_file: Path) -> Iterator:
+    """``agent(url, pilot, *args) -> Popen`` of ``python -m parsl_bf.executor.agent``; any
+    still running after the test get SIGTERM (which they forward to their processes)."""
+    procs: list[subprocess.Popen] = []
+
+    def start(url: str, pilot: str = "pilot.1", *args: str, secret: Path = secret_file):
+        argv = [sys.executable, "-m", "parsl_bf.executor.agent", "--url", url]
+        argv += ["--secret-file", str(secret), "--heartbeat-s", "0.2", *args]
+        with open(tmp_path / f"{pilot}.stderr", "w") as err:
+            proc = subprocess.Popen(argv, env=_env(pilot), stderr=err)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _launch(key: str, argv: list[str], out: Path, **kw) -> dict:
+    return {
+        "op": "launch",
+        "key": key,
+        "argv": argv,
+        "env": kw.get("env", {}),
+        "cwd": kw.get("cwd"),
+        "stdout": str(out / f"{key}.out"),
+        "stderr": str(out / f"{key}.err"),
+    }
+
+
+def test_agent_registers_runs_processes_and_shuts_down(serve, agent, tmp_path: Path) -> None:
+    server, events = serve()
+    proc = agent(server.url)
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    assert list(server.pilots) == ["pilot.1"]
+
+    cmd = "echo $GREETING; pwd; exit 3"
+    msg = _launch("three", ["sh", "-c", cmd], tmp_path, env={"GREETING": "hi"}, cwd=str(tmp_path))
+    server.send("pilot.1", msg)
+    events.wait(ProcessExited("pilot.1", "three", 3))
+    assert (tmp_path / "three.out").read_text() == f"hi\n{tmp_path}\n"
+
+    server.send("pilot.1", _launch("sleeper", ["sleep", "30"], tmp_path))
+    until(lambda: (tmp_path / "sleeper.out").exists())  # the agent opened it: sleep has started
+    server.send("pilot.1", {"op": "signal", "key": "sleeper", "signal": "TERM"})
+    events.wait(ProcessExited("pilot.1", "sleeper", -signal.SIGTERM))
+
+    server.send("pilot.1", _launch("missing", ["/nonexistent/program"], tmp_path))
+    events.wait(ProcessExited("pilot.1", "missing", 127))
+    assert "launch failed" in (tmp_path / "missing.err").read_text()
+
+    server.send("pilot.1", {"op": "shutdown"})
+    events.wait(PilotGone("pilot.1", "bye"))
+    assert proc.wait(10) == 0
+    assert server.pilots == {} and events.of(Refused) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_the_agent_is_a_preemption(serve, agent, tmp_path: Path, sig) -> None:
+    server, events = serve()
+    proc = agent(server.url)
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    log, ready = tmp_path / "rank.log", tmp_path / "rank.ready"
+    # A training rank: checkpoints (here: notes the signal) and exits 0 on SIGTERM.
+    rank = f"trap 'echo TERM >> {log}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done"
+    server.send("pilot.1", _launch("rank", ["sh", "-c", rank], tmp_path))
+    until(ready.exists)
+    sent = time.time()
+    proc.send_signal(sig)
+    gone = events.wait(PilotGone("pilot.1", "bye"))
+    assert proc.wait(10) == 0
+    [preempted] = events.of(PilotPreempted)
+    assert preempted.signal == sig.name.removeprefix("SIG")
+    assert sent - 1 <= preempted.at <= time.time()
+    exited = events.items.index(ProcessExited("pilot.1", "rank", 0))
+    assert events.items.index(preempted) < exited < gone
+    assert log.read_text() == "TERM\n"
+
+
+def test_an_agent_with_the_wrong_secret_is_refused(
+    serve, agent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="parsl_bf.executor.channel")
+    server, events = serve()
+    wrong = tmp_path / "wrong"
+    write_secret(wrong)
+    proc = agent(server.url, "pilot.1", "--welcome-timeout-s", "1", secret=wrong)
+    assert proc.wait(20) == 3
+    assert "no welcome" in (tmp_path / "pilot.1.stderr").read_text()
+    [refused] = events.of(Refused)
+    assert refused.reason == "bad signature"
+    assert events.of(PilotUp) == [] and server.pilots == {}
+    assert any(
+        r.getMessage() == f"refused message from {refused.peer}: bad signature"
+        for r in caplog.records
+    )
+
+
+@pytest.mark.slow
+def test_a_killed_agent_misses_its_heartbeats(serve, agent) -> None:
+    server, events = serve(heartbeat_timeout_s=1.0)
+    proc = agent(server.url)
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    time.sleep(1.5)  # a live agent outlasts the timeout
+    assert events.of(PilotGone) == [] and list(server.pilots) == ["pilot.1"]
+    proc.kill()
+    killed = time.monotonic()
+    events.wait(PilotGone("pilot.1", "missed heartbeats"), timeout=5)
+    # The timeout, plus up to one check interval of the server's loop.
+    assert time.monotonic() - killed < 1.0 + 0.5 + 0.5
+    assert server.pilots == {}
+
+
+@pytest.mark.slow
+def test_an_agent_leaves_when_the_executor_disappears(serve, agent, tmp_path: Path) -> None:
+    server, events = serve(heartbeat_timeout_s=1.0)
+    proc = agent(server.url)
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    pid = tmp_path / "sleeper.pid"
+    server.send(
+        "pilot.1", _launch("sleeper", ["sh", "-c", f"echo $$ > {pid}; exec sleep 60"], tmp_path)
+    )
+    until(lambda: pid.exists() and pid.read_text().strip())
+    server.stop()
+    # Silent for 3 heartbeat timeouts: the agent TERMs its processes and exits 4.
+    assert proc.wait(15) == 4
+    assert "no message from" in (tmp_path / "pilot.1.stderr").read_text()
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid.read_text()), 0)
+
+
+@pytest.mark.slow
+def test_shutdown_kills_what_ignores_sigterm(serve, agent, tmp_path: Path) -> None:
+    server, events = serve()
+    proc = agent(server.url)
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    ready = tmp_path / "ready"
+    stubborn = f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done"
+    server.send("pilot.1", _launch("stubborn", ["sh", "-c", stubborn], tmp_path))
+    until(ready.exists)
+    asked = time.monotonic()
+    server.send("pilot.1", {"op": "shutdown"})
+    events.wait(ProcessExited("pilot.1", "stubborn", -signal.SIGKILL), timeout=20)
+    assert time.monotonic() - asked >= 9.5  # the 10 s grace after the SIGTERM
+    events.wait(PilotGone("pilot.1", "bye"))
+    assert proc.wait(10) == 0
+
+
+# --- the plain-app runner -------------------------------------------------------------------
+
+
+class Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not today")
+
+
+def divide(a: float, b: float) -> float:
+    return a / b
+
+
+def raise_unpicklable() -> None:
+    raise Unpicklable("held a lock")
+
+
+def _run(tmp_path: Path, payload: bytes) -> tuple[int, Path]:
+    src, out = tmp_path / "app.in", tmp_path / "app.out"
+    src.write_bytes(payload)
+    done = subprocess.run(
+        [sys.executable, "-m", "parsl_bf.executor.runner", str(src), str(out)],
+        env=_env("runner"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 or "parsl-bf runner" in done.stderr
+    return done.returncode, out
+
+
+def test_runner_returns_a_value_or_the_exception(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, pack_apply_message(lambda x, y=1: x * y, (6,), {"y": 7}))
+    assert code == 0 and read_outcome(out) == (True, 42)
+    code, out = _run(tmp_path, pack_apply_message(divide, (1, 0), {}))
+    ok, exc = read_outcome(out)
+    assert code == 0 and not ok and isinstance(exc, ZeroDivisionError)
+    assert "divide" in "".join(traceback.format_tb(exc.__traceback__))  # the remote traceback
+    assert [p.name for p in tmp_path.iterdir()] == ["app.in", "app.out"]  # no temporary left
+
+
+def test_runner_reports_what_cannot_travel_and_bad_input(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, pack_apply_message(raise_unpicklable, (), {}))
+    ok, exc = read_outcome(out)
+    assert code == 0 and not ok and isinstance(exc, UnpicklableError)
+    assert "Unpicklable: held a lock" in str(exc)
+    code, out = _run(tmp_path, b"not a packed app")
+    ok, exc = read_outcome(out)
+    assert code == 2 and not ok and isinstance(exc, RunnerError)
+    assert (
+        subprocess.run([sys.executable, "-m", "parsl_bf.executor.runner"], env=_env("r")).returncode
+        == 2
+    )
