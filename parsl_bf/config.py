@@ -44,6 +44,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Where short class names are looked up, in order.
 _MODULES = (
     "parsl_bf.providers",
+    "parsl_bf.executor",
     "parsl.executors",
     "parsl.providers",
     "parsl.launchers",
@@ -56,6 +57,7 @@ _CONFIG_KEYS = (
     "retries",
     "run_dir",
     "strategy",
+    "strategy_period",
     "max_idletime",
     "app_cache",
     "checkpoint_mode",
@@ -238,4 +240,7 @@ def load_config(path: str | Path):
     """The ``parsl.config.Config`` of a YAML file (``with parsl.load(load_config(p)):``)."""
     config, allocator = validate_config(path)
     config.parsl_bf_allocator = allocator
+    for executor in config.executors:
+        if hasattr(executor, "apply_allocator_settings"):  # a BackfillExecutor
+            executor.apply_allocator_settings(allocator)
     return config

@@ -152,7 +152,8 @@ class Controller:
     Parameters
     ----------
     objective, tfwd, time_limit
-        The allocator's objective, look-ahead (seconds) and solver time limit.
+        The allocator's objective, look-ahead (seconds; None: the median walltime of the
+        pilots seen so far, i.e. of the holes, 60 s until one is known) and solver time limit.
     max_tasks
         Elastic tasks running at once (first come first served).
     min_node_life_s
@@ -162,7 +163,7 @@ class Controller:
     def __init__(
         self,
         objective: Objective | str = Objective.THROUGHPUT,
-        tfwd: float = 60.0,
+        tfwd: float | None = 60.0,
         time_limit: float = 10.0,
         max_tasks: int = 10,
         min_node_life_s: float = 0.0,
@@ -175,11 +176,20 @@ class Controller:
         self.plain: dict[str, PlainTask] = {}
         self.last_allocation: Allocation | None = None
         self.solves = 0
+        self.hole_lengths: list[float] = []
+
+    @property
+    def effective_tfwd(self) -> float:
+        if self.tfwd is not None:
+            return self.tfwd
+        return statistics.median(self.hole_lengths) if self.hole_lengths else 60.0
 
     # --- events -----------------------------------------------------------------------------
 
     def pilot_up(self, pilot: str, hosts: Iterable[str], ends_at: float | None, now: float):
         self.pilots[pilot] = PilotView(pilot, tuple(hosts), ends_at)
+        if ends_at is not None:
+            self.hole_lengths.append(max(1.0, ends_at - now))
         return self.decide(now)
 
     def pilot_leaving(self, pilot: str, now: float, reason: str = "preempted") -> list[Action]:
@@ -322,7 +332,7 @@ class Controller:
         problem = AllocationProblem(
             tasks=tuple(specs),
             free_nodes=len(offered),
-            tfwd=self.tfwd,
+            tfwd=self.effective_tfwd,
             objective=self.objective,
             cap_at_remaining_work=True,
         )

@@ -100,8 +100,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     provider : ExecutionProvider
         A backfill provider (``LocalBackfillProvider``, ``SlurmBackfillProvider``, …).
     objective, tfwd, time_limit, max_tasks
-        The allocator's objective, look-ahead (s), solver time limit (s), and the most elastic
-        tasks running at once.
+        The allocator's objective, look-ahead (s, or "auto": the median walltime of the pilots
+        so far, i.e. of the holes), solver time limit (s), and the most elastic tasks running
+        at once. A YAML config's ``allocator:`` section sets these.
     checkpoint_every : int
         Training steps between checkpoints (bounds the work a preemption can lose).
     min_node_life_s : float or None
@@ -127,7 +128,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         label: str = "backfill",
         provider: ExecutionProvider | None = None,
         objective: str = "throughput",
-        tfwd: float = 60.0,
+        tfwd: float | str = "auto",
         time_limit: float = 10.0,
         max_tasks: int = 10,
         checkpoint_every: int = 20,
@@ -155,7 +156,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.mpi_hosts, self.address = mpi_hosts, address
         self.controller = Controller(
             objective,
-            tfwd,
+            None if tfwd == "auto" else float(tfwd),
             time_limit,
             max_tasks,
             2 * rescale_s if min_node_life_s is None else min_node_life_s,
@@ -173,6 +174,16 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.preemptions = 0
 
     # --- Parsl's executor interface ---------------------------------------------------------
+
+    def apply_allocator_settings(self, settings) -> None:
+        """Take a YAML config's ``allocator:`` section (``parsl_bf.config.AllocatorSettings``)."""
+        self.objective = settings.objective.value
+        self.tfwd = settings.tfwd
+        self.time_limit, self.max_tasks = settings.time_limit, settings.max_tasks
+        self.checkpoint_every = settings.checkpoint_every
+        c = self.controller
+        c.objective, c.time_limit, c.max_tasks = settings.objective, self.time_limit, self.max_tasks
+        c.tfwd = None if settings.tfwd == "auto" else float(settings.tfwd)
 
     def start(self) -> None:
         self.directory = Path(self.run_dir) / self.label

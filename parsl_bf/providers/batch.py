@@ -39,6 +39,7 @@ _SETTINGS = (
     "max_walltime",
     "hole_margin_s",
     "signal_lead_s",
+    "exit_wait_s",
     "launcher",
     "worker_init",
     "scheduler_options",
@@ -82,6 +83,7 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
         max_walltime: str,
         hole_margin_s: float,
         signal_lead_s: int,
+        exit_wait_s: float,
         launcher: Launcher,
         worker_init: str,
         scheduler_options: str,
@@ -102,6 +104,7 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
         if not 0 < self.min_walltime_s <= self.max_walltime_s:
             raise ValueError(f"need 0 < min_walltime ({min_walltime}) <= max_walltime")
         self.hole_margin_s, self.signal_lead_s = hole_margin_s, signal_lead_s
+        self.exit_wait_s = exit_wait_s
         self.launcher, self.worker_init = launcher, worker_init
         self.scheduler_options = scheduler_options
         self.init_blocks, self.min_blocks, self.max_blocks = init_blocks, min_blocks, max_blocks
@@ -187,15 +190,27 @@ export PARSL_BF_JOB_ID={shlex.quote(job.pilot.job_id)}
 export PARSL_BF_NODES=$({self._node_list()})
 export PARSL_BF_PILOT_END=$(( $(date +%s) + {wall} ))
 # At preemption the scheduler's signal ends the pilot at once: the main job waiting for these
-# nodes starts as soon as we are gone. A signal that is only the walltime notice (it may come
-# a minute early) is not a reason to leave; the scheduler's TERM at the limit is.
-leave() {{ echo "parsl-bf: pilot {job.pilot.job_id} $1, exiting" >&2; exit 0; }}
+# nodes starts as soon as we are gone. The pilot's processes (their own process group) get
+# TERM first and up to {self.exit_wait_s:g} s to leave (a BackfillExecutor's fragments
+# checkpoint). A signal that is only the walltime notice (it may come a minute early) is not a
+# reason to leave; the scheduler's TERM at the limit is.
+leave() {{
+  echo "parsl-bf: pilot {job.pilot.job_id} $1, exiting" >&2
+  kill -TERM -- -$child 2>/dev/null
+  for _ in $(seq {int(self.exit_wait_s * 10)}); do
+    kill -0 -- -$child 2>/dev/null || break
+    sleep 0.1
+  done
+  exit 0
+}}
 trap 'if {self._preempted_test()}; then leave preempted; fi' USR1
 trap 'leave signalled' TERM
+set -m  # the launched command gets a process group of its own, signalled as one
 (
 {launch}
 ) &
 child=$!
+set +m
 # Leave at the walltime ourselves: a scheduler may enforce limits only every ~30 s, and a main
 # job planned at the hole's end would wait for us.
 (sleep {wall}; kill -TERM $$) 2>/dev/null &

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from ..waiting import until
+from .slurm import run
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-loopback.sh"
 
 
@@ -39,3 +42,12 @@ def slurm_env(tmp_path_factory):
     subprocess.run([str(SCRIPT), "up"], env=env, check=True, timeout=900)
     yield {**env, "SLURM_CONF": str(d / "etc" / "slurm.conf")}
     subprocess.run([str(SCRIPT), "down"], env=env, timeout=60)
+
+
+@pytest.fixture
+def slurm(slurm_env, monkeypatch):
+    """The cluster with SLURM_CONF set, every job cancelled afterwards."""
+    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
+    yield slurm_env
+    run(slurm_env, "scancel", "--full", "--user=root")
+    until(lambda: not run(slurm_env, "squeue", "-h", "-t", "R,CG,PD").strip(), 60)

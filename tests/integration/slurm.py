@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 
 
 def run(env, *args: str) -> str:
@@ -31,3 +32,12 @@ def sbatch(env, partition: str, nodes: int, command: str, *options: str) -> str:
 def job(env, job_id: str) -> dict[str, str]:
     text = run(env, "scontrol", "show", "job", job_id)
     return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def start_delay(env, job_id: str) -> float:
+    """Seconds from a job's submission to its start (Slurm's own time stamps)."""
+    fields = job(env, job_id)
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    return time.mktime(time.strptime(fields["StartTime"], fmt)) - time.mktime(
+        time.strptime(fields["SubmitTime"], fmt)
+    )

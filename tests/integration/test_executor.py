@@ -12,10 +12,13 @@ from parsl_bf.executor import BackfillExecutor
 from parsl_bf.providers import LocalBackfillProvider
 from parsl_bf.training.reports import read_reports
 
+from ..waiting import until
 from .htex import ROOT
+from .slurm import run
 
 pytestmark = pytest.mark.slow
 CHECKPOINT_EVERY, BATCH = 5, 64
+GRACE_S = 10  # the loopback cluster's GraceTime (conftest)
 
 
 def _lost_per_restart(reports: list[dict]) -> list[int]:
@@ -82,3 +85,53 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
         assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(read_reports(progress)))
     events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
     assert any(e["event"] == "decision" and e["cause"] == "pilot preempted" for e in events)
+
+
+def test_backfill_executor_on_slurm_pilots_through_a_main_job(slurm, tmp_path: Path, monkeypatch):
+    import parsl
+    from parsl.app.app import python_app
+    from parsl.config import Config
+    from parsl.launchers import SimpleLauncher
+
+    from parsl_bf.executor import elastic_app
+    from parsl_bf.providers import SlurmBackfillProvider
+
+    from .slurm import job, sbatch, start_delay
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    busy = sbatch(slurm, "main", 2, "sleep 600", "--time=5")
+    until(lambda: job(slurm, busy)["JobState"] == "RUNNING", 30)
+    # One agent per pilot (SimpleLauncher); it starts the fragment ranks on its nodes.
+    provider = SlurmBackfillProvider(
+        partition="backfill",
+        max_nodes=2,
+        min_walltime="00:01:00",
+        max_walltime="00:10:00",
+        launcher=SimpleLauncher(),
+        max_blocks=1,
+        status_polling_interval=1,
+    )
+    executor = BackfillExecutor(
+        label="bf", provider=provider, tfwd=30, checkpoint_every=CHECKPOINT_EVERY, rescale_s=5
+    )
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    train = elastic_app("parsl_bf.training.examples:digits_cnn", work=3000, max_nodes=2)
+
+    @python_app(executors=["bf"])
+    def cube(x: int) -> int:
+        return x**3
+
+    with parsl.load(config):
+        trials = [train(lr=0.05, width=8, global_batch=BATCH, seed=i) for i in range(2)]
+        plain = [cube(i) for i in range(5)]
+        until(lambda: executor.controller.solves > 0 and executor.server.pilots, 120)
+        until(lambda: any(p.samples > 0 for p in executor.controller.elastic.values()), 120)
+        main = sbatch(slurm, "main", 2, "sleep 10", "--time=1")  # needs the pilot's nodes
+        until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
+        assert start_delay(slurm, main) <= GRACE_S + 6  # the fragments checkpoint within it
+        assert [f.result(timeout=600) for f in plain] == [i**3 for i in range(5)]
+        outcomes = [f.result(timeout=600) for f in trials]
+    assert all(o["status"] == "done" and o["samples"] == 3000 for o in outcomes)
+    assert executor.preemptions >= 1
+    assert any(p.reason == "preempted" for p in provider.pilots.values())
+    run(slurm, "scancel", busy)

@@ -17,19 +17,11 @@ from parsl_bf.providers import SlurmBackfillProvider
 
 from ..waiting import until
 from .htex import square, stock_htex
-from .slurm import job, run, sbatch
+from .slurm import job, run, sbatch, start_delay
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 10  # the cluster's GraceTime (conftest)
-
-
-@pytest.fixture
-def slurm(slurm_env, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
-    yield slurm_env
-    run(slurm_env, "scancel", "--full", "--user=root")
-    until(lambda: not run(slurm_env, "squeue", "-h", "-t", "R,CG,PD").strip(), 60)
 
 
 def _provider(tmp_path: Path, **kw) -> SlurmBackfillProvider:
@@ -39,15 +31,6 @@ def _provider(tmp_path: Path, **kw) -> SlurmBackfillProvider:
     )
     p.script_dir = str(tmp_path)
     return p
-
-
-def _start_delay(env, job_id: str) -> float:
-    """Seconds from a job's submission to its start (Slurm's own time stamps)."""
-    fields = job(env, job_id)
-    fmt = "%Y-%m-%dT%H:%M:%S"
-    return time.mktime(time.strptime(fields["StartTime"], fmt)) - time.mktime(
-        time.strptime(fields["SubmitTime"], fmt)
-    )
 
 
 def test_pilot_sized_to_the_hole_then_preempted(slurm, tmp_path: Path) -> None:
@@ -70,7 +53,7 @@ def test_pilot_sized_to_the_hole_then_preempted(slurm, tmp_path: Path) -> None:
     run(slurm, "scancel", waiting)
     main = sbatch(slurm, "main", 2, "sleep 5", "--time=1")
     until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
-    assert _start_delay(slurm, main) <= GRACE_S + 6
+    assert start_delay(slurm, main) <= GRACE_S + 6
     until(lambda: p.status([pilot_id])[0].terminal, 60)
     assert (pilot.state, pilot.reason) == (JobState.TIMEOUT, "preempted")
     assert pilot.signalled_at is not None
@@ -105,7 +88,7 @@ def test_stock_htex_finishes_every_app_through_a_preemption(
         until(lambda: any(f.done() for f in futures), 60)
         main = sbatch(slurm, "main", 2, "sleep 10", "--time=1")  # needs the pilot's nodes
         until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
-        assert _start_delay(slurm, main) <= GRACE_S + 6  # zero cost to the main queue
+        assert start_delay(slurm, main) <= GRACE_S + 6  # zero cost to the main queue
         # Lost tasks are retried on the next pilot, submitted once `main` leaves a hole.
         assert [f.result(timeout=240) for f in futures] == [i * i for i in range(12)]
         assert first.state is JobState.TIMEOUT and first.reason == "preempted"

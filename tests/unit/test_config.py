@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from parsl.config import Config
-from parsl.executors import HighThroughputExecutor
 
 import parsl_bf
 from parsl_bf.config import ConfigError, validate_config
+from parsl_bf.executor import BackfillExecutor
 from parsl_bf.providers import LocalBackfillProvider
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,10 +22,12 @@ def test_shipped_local_config_builds_parsl_objects() -> None:
     config = parsl_bf.load_config(ROOT / "configs" / "local.yaml")
     assert isinstance(config, Config)
     (executor,) = config.executors
-    assert isinstance(executor, HighThroughputExecutor) and executor.label == "bf"
+    assert isinstance(executor, BackfillExecutor) and executor.label == "bf"
     assert isinstance(executor.provider, LocalBackfillProvider)
     assert executor.provider.nodes == 64 and executor.provider.max_walltime_s == 1800
     assert config.retries == 2 and config.parsl_bf_allocator.tfwd == "auto"
+    # The allocator section configures the executor.
+    assert executor.checkpoint_every == 10 and executor.controller.tfwd is None
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
@@ -114,7 +116,7 @@ def test_validate_command(tmp_path) -> None:
         [parsl_bf_cmd, "validate", "configs/local.yaml"], cwd=ROOT, capture_output=True, text=True
     )
     assert ok.returncode == 0 and "ok: executors bf" in ok.stdout
-    (tmp_path / "c.yaml").write_text(LOCAL.replace("max_blocks: 2", "max_blocks: lots"))
+    (tmp_path / "c.yaml").write_text(LOCAL.replace("max_blocks: 3", "max_blocks: lots"))
     bad = subprocess.run(
         [parsl_bf_cmd, "validate", str(tmp_path / "c.yaml")], capture_output=True, text=True
     )

@@ -149,6 +149,9 @@ class PBSProBackfillProvider(BatchBackfillProvider):
     signal_lead_s : int
         A finished pilot whose run reached its walltime minus this lead ended at the walltime
         (PBS sends no signal before the walltime: the pilot leaves on the walltime's SIGTERM).
+    exit_wait_s : float
+        At preemption or walltime end the pilot's processes get TERM and up to this long to
+        leave (a BackfillExecutor's fragments checkpoint) before the pilot exits.
     cpus_per_node : int
         ``ncpus`` of each chunk (``-l select=N:ncpus=C``); with ``place=scatter:excl`` the
         pilot gets the whole node either way.
@@ -175,6 +178,7 @@ class PBSProBackfillProvider(BatchBackfillProvider):
         max_walltime: str = "01:00:00",
         hole_margin_s: float = 0.0,
         signal_lead_s: int = 10,
+        exit_wait_s: float = 8.0,
         cpus_per_node: int = 1,
         select_options: str = "",
         launcher: Launcher | None = None,

@@ -108,6 +108,9 @@ class SlurmBackfillProvider(BatchBackfillProvider):
     signal_lead_s : int
         ``--signal=B:USR1@lead``: seconds before the walltime ends at which the pilot is told to
         leave (at preemption the signal comes at the start of the grace time).
+    exit_wait_s : float
+        At preemption or walltime end the pilot's processes get TERM and up to this long to
+        leave (a BackfillExecutor's fragments checkpoint) before the pilot exits.
     exclusive : bool
         ``--exclusive`` nodes.
     launcher, worker_init, scheduler_options, init_blocks, min_blocks, max_blocks,
@@ -128,6 +131,7 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         max_walltime: str = "01:00:00",
         hole_margin_s: float = 0.0,
         signal_lead_s: int = 10,
+        exit_wait_s: float = 8.0,
         exclusive: bool = True,
         launcher: Launcher | None = None,
         worker_init: str = "",
