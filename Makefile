@@ -37,13 +37,11 @@ test-parsl-suite: setup
 test-quick: setup
 	$(BIN)/python -m pytest -q
 
+# The main job: an HPO sweep (successive halving) of elastic training tasks on the
+# BackfillExecutor over the local backfill emulation (configs/local.yaml: a window of a real
+# idle-node trace, with preemptions). Its last line is the summary JSON.
 run: setup
-	@echo "parsl-bf: the main job (HPO sweep on the local backfill emulation) needs the executor,"
-	@echo "which is not built yet. Meanwhile: one allocation event, then a week of real idle-node"
-	@echo "trace (64 nodes) replayed with the MILP allocator."
-	$(BIN)/parsl-bf solve examples/instance.json
-	$(BIN)/parsl-bf replay --trace tests/data/trace64 --jobs tests/data/hps-shufflenet-10J.json \
-		--out runs/replay-64
+	$(BIN)/parsl-bf run workflows/hpo_sweep.py --config configs/local.yaml --out runs/hpo
 
 lint: setup
 	$(BIN)/ruff check parsl_bf tests benchmarks

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import run as run_cli
 from .allocation import AllocationInputError, AllocationProblem, SolverUnavailableError, allocate
 from .replay import cli as replay_cli
 
@@ -81,12 +82,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("config", help="YAML config file")
     validate.set_defaults(func=_validate)
+    run_cli.add_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    # `run` hands the arguments it does not know to the workflow.
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "run":
+        args.workflow_args = rest[1:] if rest[:1] == ["--"] else rest
     try:
         return args.func(args)
     except AllocationInputError as exc:

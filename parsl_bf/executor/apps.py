@@ -31,6 +31,18 @@ def train_in_process(
     return outcome
 
 
+def _targets(executors: list[str] | str) -> tuple[list[str], list[str] | str]:
+    """Labels of the loaded BackfillExecutors among ``executors``, and the others."""
+    import parsl
+
+    from .executor import BackfillExecutor
+
+    loaded = {k: v for k, v in parsl.dfk().executors.items() if k != "_parsl_internal"}
+    wanted = list(loaded) if executors == "all" else list(executors)
+    elastic = [k for k in wanted if isinstance(loaded.get(k), BackfillExecutor)]
+    return elastic, [k for k in wanted if k not in elastic]
+
+
 def elastic_app(
     task: str,
     *,
@@ -48,18 +60,24 @@ def elastic_app(
         future = train(lr=0.05, width=16)  # the task's options; resolves to the outcome dict
 
     ``scaling`` (samples/s per node count) and ``rescale_s`` are optional guesses; measured
-    values replace them. The same call on another executor trains on one rank.
+    values replace them. When the loaded config has BackfillExecutors among ``executors``, the
+    task goes to them; otherwise (e.g. a stock HighThroughputExecutor) it trains on one rank in
+    a worker, so a workflow runs unchanged on any config.
     """
     spec: dict[str, Any] = {"work": work, "min_nodes": min_nodes, "max_nodes": max_nodes}
     if scaling:
         spec["scaling"] = dict(scaling)
     if rescale_s is not None:
         spec["rescale_s"] = rescale_s
-    app = python_app(train_in_process, executors=executors)
 
     def submit(**options: Any) -> Future:
-        resources = spec | {"task": task, "options": options}
-        return app(task, options, work, parsl_resource_specification=resources)
+        elastic, plain = _targets(executors)
+        if elastic:
+            app = python_app(train_in_process, executors=elastic)
+            resources = spec | {"task": task, "options": options}
+            return app(task, options, work, parsl_resource_specification=resources)
+        # Stock executors refuse the elastic resource specification (HTEX takes `priority`).
+        return python_app(train_in_process, executors=plain)(task, options, work)
 
     submit.__name__ = submit.__qualname__ = task.rpartition(":")[2] or "elastic_app"
     return submit

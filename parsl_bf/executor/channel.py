@@ -438,7 +438,7 @@ class PilotServer:
                 if now - peer.last_seen > self.heartbeat_timeout_s
             ]
         for pilot in late:
-            log.warning("pilot %s: no message for %.1f s: gone", pilot, self.heartbeat_timeout_s)
+            log.info("pilot %s: no message for %.1f s: gone", pilot, self.heartbeat_timeout_s)
             self._drop(pilot, "missed heartbeats")
 
     def _flush(self) -> None:
@@ -453,7 +453,7 @@ class PilotServer:
         with self._lock:
             peer = self._peers.get(pilot)
         if peer is None:
-            log.warning("pilot %s is not live: %r not sent", pilot, msg.get("op"))
+            log.info("pilot %s is not live: %r not sent", pilot, msg.get("op"))
             return
         self._send_to(peer.identity, msg, pilot)
 
@@ -462,4 +462,5 @@ class PilotServer:
         try:
             self._sock.send_multipart([identity, *sign(self.secret, msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # disconnected (ROUTER_MANDATORY) or its queue is full
-            log.warning("%s: %r not sent: %s", name or identity.hex(), msg.get("op"), exc)
+            # A pilot that just died: expected, and its missed heartbeats will say so.
+            log.info("%s: %r not sent: %s", name or identity.hex(), msg.get("op"), exc)

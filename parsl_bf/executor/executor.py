@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.monitoring.radios.base import RadioConfig
+from parsl.monitoring.radios.filesystem import FilesystemRadio
 from parsl.providers.base import ExecutionProvider
 from parsl.serialize import pack_apply_message
 from parsl.utils import RepresentationMixin
@@ -121,6 +123,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         emulation and the loopback cluster run every rank on this machine).
     address : str
         Where pilots reach the executor.
+    block_error_handler, remote_monitoring_radio
+        As for Parsl's executors; monitoring messages of apps travel through the shared file
+        system by default (``FilesystemRadio``).
     """
 
     def __init__(
@@ -140,6 +145,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         mpi_hosts: bool = False,
         address: str = "127.0.0.1",
         block_error_handler: bool = True,
+        remote_monitoring_radio: RadioConfig | None = None,
     ) -> None:
         if provider is None:
             from ..providers import LocalBackfillProvider
@@ -147,6 +153,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             provider = LocalBackfillProvider()
         super().__init__(provider=provider, block_error_handler=block_error_handler)
         self.label = label
+        # Apps run in processes on the pilots, which share the run directory's file system.
+        self.remote_monitoring_radio = remote_monitoring_radio or FilesystemRadio()
         self.objective, self.tfwd, self.time_limit = objective, tfwd, time_limit
         self.max_tasks, self.checkpoint_every = max_tasks, checkpoint_every
         self.min_node_life_s = min_node_life_s
@@ -190,6 +198,14 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.directory.mkdir(parents=True, exist_ok=True)
         self.provider.script_dir = str(self.directory / "submit_scripts")
         Path(self.provider.script_dir).mkdir(exist_ok=True)
+        # Our log lines go next to Parsl's, not to the terminal.
+        self._log_handler = logging.FileHandler(self.directory / "executor.log")
+        self._log_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s")
+        )
+        package_log = logging.getLogger("parsl_bf")
+        package_log.addHandler(self._log_handler)
+        package_log.setLevel(min(package_log.getEffectiveLevel(), logging.INFO))
         self.secret_file = self.directory / "pilot.secret"
         secret = write_secret(self.secret_file)
         self.event_log = EventLog(self.directory / "events.jsonl", self.directory / "status.json")
@@ -268,6 +284,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             self.server.stop()
         if self.event_log is not None:
             self.event_log.emit("shutdown")
+        if getattr(self, "_log_handler", None) is not None:
+            logging.getLogger("parsl_bf").removeHandler(self._log_handler)
+            self._log_handler.close()
 
     # --- the decision thread ----------------------------------------------------------------
 
@@ -314,10 +333,14 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 actions = c.pilot_up(item.pilot, item.nodes, item.ends_at, t0)
                 cause = "pilot up"
             elif isinstance(item, PilotPreempted):
-                self.preemptions += 1
-                self.event_log.emit("pilot_preempted", pilot=item.pilot, signal=item.signal)
-                actions = c.pilot_leaving(item.pilot, t0, "preempted")
-                cause = "pilot preempted"
+                # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
+                known = getattr(self.provider, "pilots", {}).get(item.pilot)
+                cancelled = known is not None and known.reason == "cancelled"
+                self.preemptions += 0 if cancelled else 1
+                event = "pilot_cancelled" if cancelled else "pilot_preempted"
+                self.event_log.emit(event, pilot=item.pilot, signal=item.signal)
+                actions = c.pilot_leaving(item.pilot, t0, event.removeprefix("pilot_"))
+                cause = event.replace("_", " ")
             elif isinstance(item, PilotGone):
                 self.event_log.emit("pilot_gone", pilot=item.pilot, reason=item.reason)
                 actions = c.pilot_gone(item.pilot, t0)
@@ -369,7 +392,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         seen = self._report_seen.get(task_id, 0)
         for r in reports[seen:]:
             if r["event"] == "step":
-                self.controller.progress(task_id, int(r["world"]), float(r["rate"] or 0), 0)
+                self.controller.progress(
+                    task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"])
+                )
             elif r["event"] == "start" and r.get("stopped_at") and r.get("first_step_at"):
                 self.controller.rescaled(task_id, r["first_step_at"] - r["stopped_at"])
         self._report_seen[task_id] = len(reports)

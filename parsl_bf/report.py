@@ -1,0 +1,268 @@
+"""The report of a ``parsl-bf run``: ``report.md`` (summary, per-task table, executor status),
+``summary.json``, ``tasks.csv``, ``timeline.csv`` and ``nodes.png`` in one directory."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Sample", "task_rows", "write_report"]
+
+# Parsl task states, grouped as the progress display shows them.
+STATE_GROUPS = {
+    "queued": ("unsched", "pending", "fail_retryable"),
+    "running": ("launched", "running", "running_ended", "joining"),
+    "done": ("exec_done", "memo_done"),
+    "failed": ("failed", "dep_fail"),
+}
+
+
+@dataclass
+class Sample:
+    """One look at the run by the progress thread."""
+
+    t: float  # seconds since the run started
+    queued: int = 0
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    pilots: int = 0  # running pilots of the providers that keep ``pilots``
+    pilot_nodes: int = 0  # their nodes
+    in_use: int | None = None  # nodes the BackfillExecutors' tasks hold (status snapshots)
+    idle: int | None = None  # nodes of their pilots that no task holds
+    rate: float | None = None  # samples/s, summed over their tasks
+    preemptions: int | None = None  # counted by the BackfillExecutors
+
+
+def group_counts(counts: dict[Any, int]) -> dict[str, int]:
+    """DFK ``task_state_counts`` (States → n) as queued / running / done / failed."""
+    by_name = {getattr(state, "name", str(state)): n for state, n in counts.items()}
+    return {g: sum(by_name.get(s, 0) for s in names) for g, names in STATE_GROUPS.items()}
+
+
+def _options(options: Any) -> str:
+    if not isinstance(options, dict):
+        return ""
+    return " ".join(f"{k}={v}" for k, v in options.items())
+
+
+def task_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per DFK task record: app, executor, state, tries, time, and for training tasks
+    (``elastic_app`` or its one-rank fallback) the work, options and outcome."""
+    rows = []
+    for rec in sorted(records, key=lambda r: r.get("id", 0)):
+        spec = rec.get("resource_specification") or {}
+        args = rec.get("args") or ()
+        work, options = spec.get("work"), spec.get("options")
+        if rec.get("func_name") == "train_in_process" and len(args) >= 3:
+            options, work = args[1], args[2] if work is None else work
+        invoked, returned = rec.get("time_invoked"), rec.get("time_returned")
+        row: dict[str, Any] = {
+            "task": rec.get("id"),
+            "app": rec.get("func_name"),
+            "executor": rec.get("executor"),
+            "state": getattr(rec.get("status"), "name", str(rec.get("status"))),
+            "tries": rec.get("try_id", 0) + 1,
+            "seconds": round((returned - invoked).total_seconds(), 2)
+            if invoked and returned
+            else None,
+            "work": work,
+            "options": _options(options),
+            "samples": None,
+            "world": None,
+            "accuracy": None,
+            "error": None,
+        }
+        future = rec.get("app_fu")
+        if future is not None and future.done():
+            exc = future.exception()
+            if exc is not None:
+                row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            elif isinstance(result := future.result(), dict):
+                row["samples"] = result.get("samples")
+                row["world"] = result.get("world")
+                metrics = result.get("metrics") or {}
+                row["accuracy"] = metrics.get("accuracy")
+        rows.append(row)
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list):
+        value = json.dumps(value, default=str)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_nodes(samples: list[Sample], path: Path) -> bool:
+    """Nodes (pilots' and in use) and tasks over time; False when there is nothing to plot."""
+    have_status = any(s.in_use is not None for s in samples)
+    have_pilots = any(s.pilot_nodes for s in samples)
+    if len(samples) < 2 or not (have_status or have_pilots):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    t = [s.t for s in samples]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    if have_pilots:
+        top.step(
+            t,
+            [s.pilot_nodes for s in samples],
+            "--",
+            where="post",
+            lw=2.5,
+            label="nodes held by pilots",
+        )
+    if have_status:
+        top.step(t, [s.in_use or 0 for s in samples], where="post", label="nodes in use (training)")
+        top.step(t, [s.idle or 0 for s in samples], where="post", label="pilot nodes idle")
+    top.set(ylabel="nodes", title="Nodes over the run")
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
+    top.legend(loc="upper right", fontsize=8)
+    top.grid(alpha=0.3)
+    for name in ("running", "queued", "done"):
+        bottom.step(t, [getattr(s, name) for s in samples], where="post", label=f"tasks {name}")
+    bottom.set(xlabel="seconds", ylabel="tasks")
+    bottom.legend(loc="upper left", fontsize=8)
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _flat(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            rows += [{"key": f"{key}.{k}", "value": v} for k, v in value.items()]
+        else:
+            rows.append({"key": key, "value": value})
+    return rows
+
+
+TASK_COLUMNS = [
+    "task",
+    "app",
+    "executor",
+    "state",
+    "tries",
+    "seconds",
+    "work",
+    "options",
+    "samples",
+    "world",
+    "accuracy",
+    "error",
+]
+MAX_TASK_ROWS = 500
+
+
+def _status_section(snapshot: dict[str, Any]) -> list[str]:
+    out = [
+        f"### {snapshot.get('label', '?')} (`{snapshot.get('path', '')}`)",
+        "",
+        f"solves {snapshot.get('solves')}, last solve {_cell(snapshot.get('last_solve_s'))} s, "
+        f"decisions {snapshot.get('decisions')} (median {_cell(snapshot.get('decision_p50_s'))}"
+        f" s), preemptions {snapshot.get('preemptions')}, plain tasks {snapshot.get('plain')}",
+        "",
+    ]
+    if snapshot.get("pilots"):
+        out += [markdown_table(snapshot["pilots"], ["pilot", "nodes", "ends_in_s", "leaving"]), ""]
+    if snapshot.get("tasks"):
+        cols = ["task", "state", "nodes", "samples", "work", "rate"]
+        out += [markdown_table(snapshot["tasks"], cols), ""]
+    return out
+
+
+def write_report(
+    directory: str | Path,
+    *,
+    workflow: str,
+    command: str,
+    config: str,
+    started: str,
+    elapsed_s: float,
+    run_dirs: list[str],
+    summary: dict[str, Any] | None,
+    tasks: list[dict[str, Any]],
+    samples: list[Sample],
+    snapshots: list[dict[str, Any]],
+    preemptions: int,
+    pilot_ends: dict[str, int] | None = None,
+    error: str | None = None,
+) -> Path:
+    """Write the report files into ``directory`` (created); returns the report.md path."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    sample_columns = [f.name for f in fields(Sample)]
+    _write_csv(out / "timeline.csv", [asdict(s) for s in samples], sample_columns)
+    _write_csv(out / "tasks.csv", tasks, TASK_COLUMNS)
+    (out / "summary.json").write_text(
+        json.dumps((summary or {}) | {"preemptions": preemptions}, indent=2, default=str)
+    )
+    plotted = plot_nodes(samples, out / "nodes.png")
+
+    done = sum(1 for t in tasks if t["state"] in STATE_GROUPS["done"])
+    failed = sum(1 for t in tasks if t["state"] in STATE_GROUPS["failed"])
+    lines = [
+        f"# parsl-bf run: {workflow}",
+        "",
+        f"- command: `{command}`",
+        f"- config: `{config}`",
+        f"- started: {started}, elapsed {elapsed_s:.1f} s",
+        f"- Parsl run directory: {', '.join(f'`{d}`' for d in run_dirs) or '(none)'}",
+        f"- tasks: {len(tasks)} ({done} done, {failed} failed); preemptions: {preemptions}",
+        "- pilots: " + (", ".join(f"{n} {why}" for why, n in sorted(pilot_ends.items())) or "none")
+        if pilot_ends is not None
+        else "- pilots: (the providers keep no record)",
+        f"- outcome: {'error: ' + error if error else 'ok'}",
+        "",
+        "## Summary",
+        "",
+        markdown_table(_flat(summary), ["key", "value"]) if summary else "(no summary)",
+        "",
+        f"## Tasks ({len(tasks)})",
+        "",
+    ]
+    if tasks:
+        shown = tasks[:MAX_TASK_ROWS]
+        lines.append(markdown_table(shown, TASK_COLUMNS))
+        if len(tasks) > len(shown):
+            lines.append(f"\n({len(tasks) - len(shown)} more in `tasks.csv`)")
+    else:
+        lines.append("(no task records)")
+    lines.append("")
+    if plotted:
+        lines += ["## Nodes over time", "", "![nodes over time](nodes.png)", ""]
+    if snapshots:
+        lines += ["## BackfillExecutor status (last snapshot)", ""]
+        for snapshot in snapshots:
+            lines += _status_section(snapshot)
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
