@@ -135,3 +135,36 @@ def test_backfill_executor_on_slurm_pilots_through_a_main_job(slurm, tmp_path: P
     assert executor.preemptions >= 1
     assert any(p.reason == "preempted" for p in provider.pilots.values())
     run(slurm, "scancel", busy)
+
+
+def test_parsl_monitoring_records_the_executors_tasks_and_blocks(tmp_path: Path, monkeypatch):
+    import sqlite3
+
+    import parsl
+    from parsl.app.app import python_app
+    from parsl.config import Config
+    from parsl.monitoring import MonitoringHub
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.chdir(tmp_path)
+    provider = LocalBackfillProvider(
+        nodes=2, time_scale=1, idle_s=86400, busy_s=60, min_walltime="00:00:10", max_blocks=1
+    )
+    db = tmp_path / "monitoring.db"
+    config = Config(
+        executors=[BackfillExecutor(label="bf", provider=provider)],
+        monitoring=MonitoringHub(logging_endpoint=f"sqlite:///{db}"),
+        run_dir=str(tmp_path / "runinfo"),
+    )
+
+    @python_app(executors=["bf"])
+    def inc(x: int) -> int:
+        return x + 1
+
+    with parsl.load(config):
+        assert [inc(i).result(timeout=120) for i in range(3)] == [1, 2, 3]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select count(*) from task").fetchone() == (3,)
+        assert conn.execute("select count(*) from block where executor_label='bf'").fetchone()[0]
+        done = conn.execute("select count(*) from status where task_status_name='exec_done'")
+        assert done.fetchone() == (3,)
