@@ -32,6 +32,7 @@ test-parsl-suite: setup
 	scripts/parsl-suite.sh $(BIN)/python local
 	scripts/parsl-suite.sh $(BIN)/python backfill
 	scripts/parsl-suite.sh $(BIN)/python slurm
+	scripts/parsl-suite.sh $(BIN)/python backfill-slurm
 
 # The quick default selection (skips tests marked slow).
 test-quick: setup

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import config_reference
 from . import run as run_cli
 from .allocation import AllocationInputError, AllocationProblem, SolverUnavailableError, allocate
 from .replay import cli as replay_cli
@@ -83,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("config", help="YAML config file")
     validate.set_defaults(func=_validate)
     run_cli.add_parsers(sub)
+    config_reference.add_parser(sub)
     return parser
 
 

@@ -59,8 +59,6 @@ _CONFIG_KEYS = (
     "strategy",
     "strategy_period",
     "max_idletime",
-    "app_cache",
-    "checkpoint_mode",
     "initialize_logging",
     "usage_tracking",
     "monitoring",
@@ -77,11 +75,24 @@ class AllocatorSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    objective: Objective = Objective.THROUGHPUT
-    tfwd: float | Literal["auto"] = "auto"
-    time_limit: float = Field(10.0, gt=0)
-    max_tasks: int = Field(10, ge=1)
-    checkpoint_every: int = Field(20, ge=1)
+    objective: Objective = Field(
+        Objective.THROUGHPUT,
+        description="What the allocator maximises (formulas in `parsl_bf.allocation.gains`).",
+    )
+    tfwd: float | Literal["auto"] = Field(
+        "auto",
+        description='Look-ahead of each allocation, in seconds; "auto": the median walltime '
+        "of the pilots so far (i.e. of the holes).",
+    )
+    time_limit: float = Field(
+        10.0, gt=0, description="Time limit of the MILP solver at each event, in seconds."
+    )
+    max_tasks: int = Field(10, ge=1, description="The most elastic training tasks at once.")
+    checkpoint_every: int = Field(
+        20,
+        ge=1,
+        description="Training steps between checkpoints (bounds what a preemption can lose).",
+    )
 
 
 class _Located:

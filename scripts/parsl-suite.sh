@@ -5,6 +5,7 @@
 #   scripts/parsl-suite.sh PYTHON slurm   # stock HTEX on SlurmBackfillProvider pilots, on a
 #                                         # loopback Slurm cluster of its own (root)
 #   scripts/parsl-suite.sh PYTHON backfill  # our BackfillExecutor on LocalBackfillProvider
+#   scripts/parsl-suite.sh PYTHON backfill-slurm  # our BackfillExecutor on Slurm pilots (root)
 # Excluded: cleannet (needs a clean network), issue_3620 (about executors that reject unknown
 # resource keys), the two unix_filesystem_permissions_required tests (they fail as root by
 # design), and test_stdout_stderr_staging_zip, which failed 2 of 9 full-suite runs here (the
@@ -12,8 +13,8 @@
 # provider or Parsl's LocalProvider; see docs/providers.md. HTEX needs the venv's bin/ on PATH;
 # workers import this checkout.
 set -uo pipefail
-py=${1:?usage: $0 PYTHON local|slurm|backfill}
-which=${2:?usage: $0 PYTHON local|slurm|backfill}
+py=${1:?usage: $0 PYTHON local|slurm|backfill|backfill-slurm}
+which=${2:?usage: $0 PYTHON local|slurm|backfill|backfill-slurm}
 bin=$(cd "$(dirname "$py")" && pwd)
 py=$bin/$(basename "$py")
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,16 +22,17 @@ case "$which" in
   local) config=$root/tests/parsl_suite/htex_local_backfill.py ;;
   slurm) config=$root/tests/parsl_suite/config_htex_slurm_backfill.py ;;
   backfill) config=$root/tests/parsl_suite/backfill_local.py ;;
-  *) echo "usage: $0 PYTHON local|slurm|backfill" >&2; exit 2 ;;
+  backfill-slurm) config=$root/tests/parsl_suite/backfill_slurm.py ;;
+  *) echo "usage: $0 PYTHON local|slurm|backfill|backfill-slurm" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)
 cleanup() {
-  [ "$which" = slurm ] && SLURM_LOOPBACK_DIR=$work/slurm "$root/scripts/slurm-loopback.sh" down \
+  [ "${which#backfill-}" = slurm ] && SLURM_LOOPBACK_DIR=$work/slurm "$root/scripts/slurm-loopback.sh" down \
     >/dev/null 2>&1
   rm -rf "$work"
 }
 trap cleanup EXIT
-if [ "$which" = slurm ]; then
+if [ "${which#backfill-}" = slurm ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "parsl suite on Slurm: skipped (the loopback Slurm cluster needs root)"; exit 0
   fi

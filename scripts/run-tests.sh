@@ -22,4 +22,5 @@ if [ $rc -eq 5 ]; then echo "no slow tests selected"; rc=0; fi
 # (exclusions: scripts/parsl-suite.sh).
 scripts/parsl-suite.sh "$py" local || exit $?
 scripts/parsl-suite.sh "$py" backfill || exit $?
-scripts/parsl-suite.sh "$py" slurm
+scripts/parsl-suite.sh "$py" slurm || exit $?
+scripts/parsl-suite.sh "$py" backfill-slurm

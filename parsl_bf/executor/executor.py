@@ -184,14 +184,21 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     # --- Parsl's executor interface ---------------------------------------------------------
 
     def apply_allocator_settings(self, settings) -> None:
-        """Take a YAML config's ``allocator:`` section (``parsl_bf.config.AllocatorSettings``)."""
-        self.objective = settings.objective.value
-        self.tfwd = settings.tfwd
-        self.time_limit, self.max_tasks = settings.time_limit, settings.max_tasks
-        self.checkpoint_every = settings.checkpoint_every
-        c = self.controller
-        c.objective, c.time_limit, c.max_tasks = settings.objective, self.time_limit, self.max_tasks
-        c.tfwd = None if settings.tfwd == "auto" else float(settings.tfwd)
+        """Take the keys a YAML config's ``allocator:`` section sets (the others keep this
+        executor's values)."""
+        given = settings.model_fields_set
+        if "objective" in given:
+            self.objective = settings.objective.value
+            self.controller.objective = settings.objective
+        if "tfwd" in given:
+            self.tfwd = settings.tfwd
+            self.controller.tfwd = None if settings.tfwd == "auto" else float(settings.tfwd)
+        if "time_limit" in given:
+            self.time_limit = self.controller.time_limit = settings.time_limit
+        if "max_tasks" in given:
+            self.max_tasks = self.controller.max_tasks = settings.max_tasks
+        if "checkpoint_every" in given:
+            self.checkpoint_every = settings.checkpoint_every
 
     def start(self) -> None:
         self.directory = Path(self.run_dir) / self.label

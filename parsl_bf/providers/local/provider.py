@@ -104,6 +104,8 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         trace takes a node back (main jobs nobody announced).
     launcher, worker_init, init_blocks, min_blocks, max_blocks, parallelism
         As for Parsl's providers.
+    poll_s : float
+        Seconds between two ticks of the emulation (node states, preemptions, pilot exits).
     """
 
     def __init__(
