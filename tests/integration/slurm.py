@@ -41,3 +41,9 @@ def start_delay(env, job_id: str) -> float:
     return time.mktime(time.strptime(fields["StartTime"], fmt)) - time.mktime(
         time.strptime(fields["SubmitTime"], fmt)
     )
+
+
+def hole_left_by(env, job_id: str, nodes: int = 4) -> list[str]:
+    """The cluster's nodes that the running job does not use, sorted."""
+    used = run(env, "scontrol", "show", "hostnames", job(env, job_id)["NodeList"]).split()
+    return sorted(set(f"n{i}" for i in range(1, nodes + 1)) - set(used))
