@@ -191,6 +191,15 @@ def _status_section(snapshot: dict[str, Any]) -> list[str]:
         f" s), preemptions {snapshot.get('preemptions')}, plain tasks {snapshot.get('plain')}",
         "",
     ]
+    acc = snapshot.get("accounting") or {}
+    if acc:
+        out += [
+            f"util {_cell(acc.get('util'))}, E_used {_cell(acc.get('E_used'))}, "
+            f"E_avail {_cell(acc.get('E_avail'))} (node-seconds offered by pilots "
+            f"{_cell(acc.get('offered_node_s'))}, running tasks {_cell(acc.get('used_node_s'))};"
+            " samples counted in node-equivalents at each task's measured one-node rate)",
+            "",
+        ]
     if snapshot.get("pilots"):
         out += [markdown_table(snapshot["pilots"], ["pilot", "nodes", "ends_in_s", "leaving"]), ""]
     if snapshot.get("tasks"):

@@ -177,6 +177,10 @@ class Controller:
         self.last_allocation: Allocation | None = None
         self.solves = 0
         self.hole_lengths: list[float] = []
+        # The run's accounting (DESIGN.md's replay metrics, measured): node-seconds offered by
+        # pilots not leaving, node-seconds running tasks, and when it was last brought up to date.
+        self.offered_node_s = self.used_node_s = 0.0
+        self._accounted_at: float | None = None
 
     @property
     def effective_tfwd(self) -> float:
@@ -255,6 +259,37 @@ class Controller:
         task = self.elastic.get(task_id)
         if task is not None and seconds >= 0:
             task.measured_rescale_s.append(seconds)
+
+    # --- accounting -------------------------------------------------------------------------
+
+    def account(self, now: float) -> None:
+        """Add the node-seconds since the last call (call at every event and tick)."""
+        if self._accounted_at is not None and now > self._accounted_at:
+            dt = now - self._accounted_at
+            offered = sum(len(v.hosts) for v in self.pilots.values() if not v.leaving)
+            used = sum(1 for t in self.plain.values() if t.state == "running") + sum(
+                len(t.nodes) for t in self.elastic.values() if t.state in ("running", "stopping")
+            )
+            self.offered_node_s += dt * offered
+            self.used_node_s += dt * min(used, offered) if offered else 0.0
+        self._accounted_at = now
+
+    def efficiency(self) -> dict[str, float | None]:
+        """util, E_used and E_avail of the run so far (samples_j / P_j(1) as in the replay,
+        with P_j(1) measured; tasks never measured at one node are left out)."""
+        work = 0.0
+        for task in self.elastic.values():
+            rates = task.measured.get(1)
+            if rates and task.samples:
+                work += task.samples / statistics.median(rates)
+        off, used = self.offered_node_s, self.used_node_s
+        return {
+            "util": used / off if off else None,
+            "E_used": work / used if used else None,
+            "E_avail": work / off if off else None,
+            "offered_node_s": off,
+            "used_node_s": used,
+        }
 
     # --- the decision -----------------------------------------------------------------------
 
@@ -345,6 +380,7 @@ class Controller:
             node_value={n: min(usable[n], 1e12) for n in usable},
         )
         actions: list[Action] = []
+        available = set(offered)
         for task in candidates:
             step = node_plan.tasks[task.id]
             if step.nodes == task.nodes:
@@ -352,6 +388,10 @@ class Controller:
             if task.state == "running":  # a rescale or a stop: restart after the checkpoint
                 task.state = "stopping"
                 actions.append(StopFragment(task.id, task.generation, step.action.value))
+            elif step.nodes and not set(step.nodes) <= available:
+                # Nodes another task gives back are busy until its fragment has stopped: start
+                # at the decision that follows that stop.
+                continue
             elif step.nodes:
                 task.nodes, task.state = tuple(step.nodes), "running"
                 task.generation += 1

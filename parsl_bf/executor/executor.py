@@ -335,6 +335,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         t0 = time.time()
         c = self.controller
         with self._lock:
+            c.account(t0)
             if isinstance(item, PilotUp):
                 self.event_log.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes))
                 actions = c.pilot_up(item.pilot, item.nodes, item.ends_at, t0)
@@ -372,6 +373,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         """Progress from the reports, pilots reaching their walltime, stuck stops."""
         t0 = time.time()
         with self._lock:
+            self.controller.account(t0)
             for (task_id, _gen), fragment in list(self._fragments.items()):
                 self._read_progress(task_id)
                 if fragment.stop_at is not None and t0 > fragment.stop_at:
@@ -594,6 +596,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 "solves": c.solves,
                 "last_solve_s": None if alloc is None else alloc.solve_s,
                 "preemptions": self.preemptions,
+                "accounting": c.efficiency(),
             }
         )
 

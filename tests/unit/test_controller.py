@@ -3,7 +3,7 @@ preemption, plain tasks first, walltime-aware node offers. Real GLPK solves each
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from parsl_bf.executor.controller import (
@@ -111,8 +111,12 @@ events = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events)
+# Found by this test: a task started on a node another task was still giving back.
+@example(
+    [("up", 2, None), ("elastic", 1, 2), ("plain",), ("plain",), ("up", 3, None), ("elastic", 2, 1)]
+)
 def test_no_node_is_ever_given_twice(seq) -> None:
     c = Controller(tfwd=60, time_limit=5, min_node_life_s=30)
     now, pilots, n = NOW, [], 0
@@ -176,3 +180,19 @@ def test_no_node_is_ever_given_twice(seq) -> None:
                 t = running[ev[1] % len(running)]
                 release(t.id)
                 apply(c.plain_finished(t.id, now))
+
+
+def test_the_runs_accounting() -> None:
+    c = Controller(tfwd=60)
+    c.account(NOW)
+    c.submit_elastic(_task("a", 1, 1), NOW)
+    c.account(NOW)
+    c.pilot_up("p1", ["n1", "n2"], None, NOW)  # the task takes one of the two nodes
+    c.account(NOW + 10)
+    c.progress("a", world=1, rate=100.0, samples=800)
+    acc = c.efficiency()
+    assert (acc["offered_node_s"], acc["used_node_s"]) == (20.0, 10.0)
+    assert acc["util"] == 0.5 and acc["E_used"] == 0.8 and acc["E_avail"] == 0.4
+    c.pilot_leaving("p1", NOW + 10)  # nodes of a leaving pilot are not offered any more
+    c.account(NOW + 20)
+    assert c.efficiency()["offered_node_s"] == 20.0
