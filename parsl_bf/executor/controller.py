@@ -381,9 +381,23 @@ class Controller:
         )
         actions: list[Action] = []
         available = set(offered)
+        # A node about to leave may stay with its task but is not worth moving: a task whose
+        # new nodes include such a node held by another keeps what it has, and so does the
+        # holder (stopping it would leave the node idle).
+        holder = {n: t.id for t in candidates for n in t.nodes}
+        frozen: set[str] = set()
+        for task in candidates:
+            moved = [
+                n
+                for n in node_plan.tasks[task.id].nodes
+                if n not in task.nodes and n not in available and usable[n] < self.min_node_life_s
+            ]
+            if moved:
+                frozen.add(task.id)
+                frozen.update(holder[n] for n in moved if n in holder)
         for task in candidates:
             step = node_plan.tasks[task.id]
-            if step.nodes == task.nodes:
+            if step.nodes == task.nodes or task.id in frozen:
                 continue
             if task.state == "running":  # a rescale or a stop: restart after the checkpoint
                 task.state = "stopping"

@@ -178,6 +178,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.server: PilotServer | None = None
+        self._emulated = type(provider).__name__ == "LocalBackfillProvider"
         self.event_log: EventLog | None = None
         self.preemptions = 0
 
@@ -405,7 +406,10 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                     task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"])
                 )
             elif r["event"] == "start" and r.get("stopped_at") and r.get("first_step_at"):
-                self.controller.rescaled(task_id, r["first_step_at"] - r["stopped_at"])
+                # From the later of the old fragment's stop and the new one's process start:
+                # time the task waited for nodes is not part of a rescale's cost.
+                began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
+                self.controller.rescaled(task_id, r["first_step_at"] - began)
         self._report_seen[task_id] = len(reports)
 
     # --- carrying out actions ---------------------------------------------------------------
@@ -449,13 +453,16 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             if groups > 1:
                 argv += ["--rendezvous", str(gen_dir / "rendezvous")]
                 argv += ["--group", str(g), "--groups", str(groups)]
+            env = {"PYTHONPATH": _pythonpath()}
+            if self._emulated:  # every emulated node of this machine is about one core
+                env["PARSL_BF_THREADS_PER_RANK"] = "1"
             self._send(
                 pilot,
                 {
                     "op": "launch",
                     "key": key,
                     "argv": argv,
-                    "env": {"PYTHONPATH": _pythonpath()},
+                    "env": env,
                     "cwd": str(gen_dir),
                     "stdout": str(gen_dir / f"group{g}.stdout"),
                     "stderr": str(gen_dir / f"group{g}.stderr"),

@@ -196,3 +196,16 @@ def test_the_runs_accounting() -> None:
     c.pilot_leaving("p1", NOW + 10)  # nodes of a leaving pilot are not offered any more
     c.account(NOW + 20)
     assert c.efficiency()["offered_node_s"] == 20.0
+
+
+def test_a_node_about_to_leave_is_not_moved_to_another_task() -> None:
+    c = Controller(tfwd=60, min_node_life_s=40)
+    slow = ElasticTask("slow", work=10**6, task="m:f", scaling={1: 10.0})
+    c.submit_elastic(slow, NOW)
+    (start,) = c.pilot_up("p", ["n1"], NOW + 100, NOW)
+    assert start.task == "slow"
+    # 30 s before the pilot ends, a much faster task arrives: taking the node from `slow`
+    # would stop it and leave the node idle (not worth starting on), so nothing moves.
+    fast = ElasticTask("fast", work=10**6, task="m:f", scaling={1: 1000.0})
+    assert c.submit_elastic(fast, NOW + 70) == []
+    assert (slow.state, fast.state) == ("running", "queued")
