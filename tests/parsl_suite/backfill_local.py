@@ -1,6 +1,5 @@
-"""Parsl's own generic test suite against the BackfillExecutor on LocalBackfillProvider pilots.
-
-    scripts/parsl-suite.sh PYTHON backfill
+"""Parsl's own generic test suite against the BackfillExecutor on LocalBackfillProvider pilots
+(`scripts/parsl-suite.sh PYTHON backfill`).
 """
 
 from parsl.config import Config
