@@ -40,6 +40,7 @@ _SETTINGS = (
     "hole_margin_s",
     "signal_lead_s",
     "exit_wait_s",
+    "pending_timeout_s",
     "launcher",
     "worker_init",
     "scheduler_options",
@@ -65,6 +66,7 @@ class _Job:
     job_name: str
     request: PilotRequest | None = None
     script: Path | None = None
+    submitted_at: float | None = None
 
 
 class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
@@ -84,6 +86,7 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
         hole_margin_s: float,
         signal_lead_s: int,
         exit_wait_s: float,
+        pending_timeout_s: float,
         launcher: Launcher,
         worker_init: str,
         scheduler_options: str,
@@ -104,7 +107,7 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
         if not 0 < self.min_walltime_s <= self.max_walltime_s:
             raise ValueError(f"need 0 < min_walltime ({min_walltime}) <= max_walltime")
         self.hole_margin_s, self.signal_lead_s = hole_margin_s, signal_lead_s
-        self.exit_wait_s = exit_wait_s
+        self.exit_wait_s, self.pending_timeout_s = exit_wait_s, pending_timeout_s
         self.launcher, self.worker_init = launcher, worker_init
         self.scheduler_options = scheduler_options
         self.init_blocks, self.min_blocks, self.max_blocks = init_blocks, min_blocks, max_blocks
@@ -136,6 +139,11 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
     @abstractmethod
     def _node_list(self) -> str:
         """A shell expression, run inside the pilot, that prints its nodes comma-separated."""
+
+    def _watch_preemption(self) -> str:
+        """Shell lines, run in the pilot, that send it USR1 when it is being preempted and the
+        scheduler's own signal may not come (empty: the scheduler always signals)."""
+        return ""
 
     def _preempted_test(self) -> str:
         """A shell test, run in the pilot on its signal, true if the pilot is being preempted
@@ -211,6 +219,7 @@ set -m  # the launched command gets a process group of its own, signalled as one
 ) &
 child=$!
 set +m
+{self._watch_preemption()}
 # Leave at the walltime ourselves: a scheduler may enforce limits only every ~30 s, and a main
 # job planned at the hole's end would wait for us.
 (sleep {wall}; kill -TERM $$) 2>/dev/null &
@@ -233,7 +242,7 @@ done
         except SchedulerError as exc:
             script.unlink(missing_ok=True)
             raise SubmitException(job.job_name, str(exc)) from None
-        job.request, job.script = request, script
+        job.request, job.script, job.submitted_at = request, script, time.time()
         job.pilot.scheduler_id = scheduler_id
         self.resources[job.pilot.job_id] = {
             "job_id": scheduler_id,
@@ -309,10 +318,36 @@ done
         pilot.ends_at = seen.ends_at or pilot.ends_at
         pilot.signalled_at = seen.signalled_at or pilot.signalled_at
 
+    def _withdraw_stale(self, now: float) -> None:
+        """A pilot the scheduler has not started within ``pending_timeout_s`` missed its hole
+        (a main job took it first): cancel it, and size it again to the holes of now."""
+        for job in self._jobs.values():
+            if (
+                job.request is None
+                or job.pilot.state is not JobState.PENDING
+                or job.submitted_at is None
+                or now - job.submitted_at < self.pending_timeout_s
+            ):
+                continue
+            assert job.pilot.scheduler_id is not None
+            try:
+                self._cancel([job.pilot.scheduler_id])
+            except SchedulerError as exc:
+                log.warning("pilot %s: could not withdraw: %s", job.pilot.job_id, exc)
+                continue
+            log.info(
+                "pilot %s: not started in %.0f s, withdrawn (%s) to be sized again",
+                job.pilot.job_id,
+                now - job.submitted_at,
+                job.pilot.scheduler_id,
+            )
+            job.request = job.submitted_at = job.pilot.scheduler_id = None
+            self.resources[job.pilot.job_id] = {"job_id": None}
+
     def status(self, job_ids) -> list[JobStatus]:
         """Pilot states; submits waiting pilots to holes that opened since the last poll."""
         with self._lock:
-            self._place_waiting(time.time())
+            now = time.time()
             for job_id in job_ids:
                 job = self._jobs.get(job_id)
                 if job is None or job.request is None or job.pilot.state in TERMINAL_STATES:
@@ -321,6 +356,8 @@ done
                     self._refresh(job)
                 except SchedulerError as exc:  # controller unreachable: keep the last state
                     log.warning("pilot %s: status unknown: %s", job_id, exc)
+            self._withdraw_stale(now)
+            self._place_waiting(now)
             out = []
             for job_id in job_ids:
                 job = self._jobs.get(job_id)

@@ -122,3 +122,17 @@ def test_bad_input_gets_the_schedulers_message_and_leaves_nothing(slurm, tmp_pat
         down.submit("sleep 1", 1)
     assert "unable to contact slurm controller" in str(err.value).lower()
     assert down.pilots == {}
+
+
+def test_a_pilot_that_missed_its_hole_is_withdrawn_and_sized_again(slurm, tmp_path: Path) -> None:
+    # --begin keeps the pilot pending in Slurm, as when a main job took its hole first.
+    p = _provider(tmp_path, pending_timeout_s=3, scheduler_options="#SBATCH --begin=now+600")
+    pilot_id = p.submit("sleep 60", 1)
+    first = p.pilots[pilot_id].scheduler_id
+    assert first is not None
+    until(lambda: p.status([pilot_id]) and p.pilots[pilot_id].scheduler_id not in (first,), 30)
+    assert job(slurm, first)["JobState"] == "CANCELLED"
+    # Sized again at once (the cluster is idle) and submitted as a new job.
+    until(lambda: p.status([pilot_id]) and p.pilots[pilot_id].scheduler_id is not None, 30)
+    assert p.pilots[pilot_id].scheduler_id != first
+    assert p.status([pilot_id])[0].state is JobState.PENDING

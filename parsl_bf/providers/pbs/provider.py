@@ -152,6 +152,9 @@ class PBSProBackfillProvider(BatchBackfillProvider):
     exit_wait_s : float
         At preemption or walltime end the pilot's processes get TERM and up to this long to
         leave (a BackfillExecutor's fragments checkpoint) before the pilot exits.
+    pending_timeout_s : float
+        A submitted pilot the scheduler has not started this long after submission missed its
+        hole: it is cancelled and sized again to the holes of that moment.
     cpus_per_node : int
         ``ncpus`` of each chunk (``-l select=N:ncpus=C``); with ``place=scatter:excl`` the
         pilot gets the whole node either way.
@@ -179,6 +182,7 @@ class PBSProBackfillProvider(BatchBackfillProvider):
         hole_margin_s: float = 0.0,
         signal_lead_s: int = 10,
         exit_wait_s: float = 8.0,
+        pending_timeout_s: float = 30.0,
         cpus_per_node: int = 1,
         select_options: str = "",
         launcher: Launcher | None = None,

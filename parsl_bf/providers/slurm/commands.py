@@ -149,5 +149,6 @@ def scancel(job_ids: Sequence[str], runner: Runner = run) -> None:
 NODE_LIST_SHELL = 'scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -'
 
 #: Run inside a job on its --signal: true if it is being preempted (PreemptTime is set), false
-#: for the walltime notice, which Slurm may send up to a minute before the lead asked for.
-PREEMPTED_SHELL = '! scontrol show job -o "$SLURM_JOB_ID" | grep -q "PreemptTime=None"'
+#: for the walltime notice, which Slurm may send up to a minute before the lead asked for (and
+#: false when the controller does not answer: no reason to leave).
+PREEMPTED_SHELL = 'scontrol show job -o "$SLURM_JOB_ID" | grep -q "PreemptTime=[0-9]"'

@@ -111,6 +111,9 @@ class SlurmBackfillProvider(BatchBackfillProvider):
     exit_wait_s : float
         At preemption or walltime end the pilot's processes get TERM and up to this long to
         leave (a BackfillExecutor's fragments checkpoint) before the pilot exits.
+    pending_timeout_s : float
+        A submitted pilot the scheduler has not started this long after submission missed its
+        hole: it is cancelled and sized again to the holes of that moment.
     exclusive : bool
         ``--exclusive`` nodes.
     launcher, worker_init, scheduler_options, init_blocks, min_blocks, max_blocks,
@@ -132,6 +135,7 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         hole_margin_s: float = 0.0,
         signal_lead_s: int = 10,
         exit_wait_s: float = 8.0,
+        pending_timeout_s: float = 30.0,
         exclusive: bool = True,
         launcher: Launcher | None = None,
         worker_init: str = "",
@@ -182,6 +186,15 @@ class SlurmBackfillProvider(BatchBackfillProvider):
 
     def _preempted_test(self) -> str:
         return commands.PREEMPTED_SHELL
+
+    def _watch_preemption(self) -> str:
+        # Slurm sends the --signal only once: when its walltime notice went out early (a
+        # short pilot), a preemption signals job steps only, and a pilot without steps would
+        # hold its nodes through the grace time. Ask the controller every few seconds.
+        return (
+            f"(while sleep 3; do if {commands.PREEMPTED_SHELL}; then kill -USR1 $$; break; fi;"
+            " done) 2>/dev/null &"
+        )
 
     def _submit_script(self, script: Path) -> str:
         return commands.sbatch(str(script), self._run)
