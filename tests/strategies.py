@@ -9,9 +9,16 @@ from parsl_bf.allocation import AllocationProblem, Objective, TaskSpec
 
 @st.composite
 def task_specs(
-    draw, task_id: str = "t", max_breakpoint: int = 12, first_rate: float = 0
+    draw,
+    task_id: str = "t",
+    max_breakpoint: int = 12,
+    first_rate: float = 0,
+    known_work: bool = False,
 ) -> TaskSpec:
-    """Any curve shape (not monotone, not concave); ``first_rate`` bounds the first rate below."""
+    """Any curve shape (not monotone, not concave); ``first_rate`` bounds the first rate below.
+
+    ``known_work`` always gives a ``remaining_work`` (the balanced objective needs it).
+    """
     inner = draw(st.lists(st.integers(1, max_breakpoint), min_size=1, max_size=5, unique=True))
     nodes = [0, *sorted(inner)]
     throughput = [0.0, draw(st.floats(first_rate, 1000))]
@@ -33,7 +40,7 @@ def task_specs(
         rescale_up_s=draw(st.floats(0, 30)),
         rescale_down_s=draw(st.floats(0, 30)),
         weight=draw(st.floats(0, 5)),
-        remaining_work=draw(st.none() | st.floats(0, 20_000)),
+        remaining_work=draw((st.nothing() if known_work else st.none()) | st.floats(0, 20_000)),
     )
 
 
@@ -46,7 +53,11 @@ def problems(
     if first_rate is None:
         # speedup divides by the (interpolated) 1-node throughput: keep it well away from 0.
         first_rate = 1.0 if objective is Objective.SPEEDUP else 0.0
-    tasks = [draw(task_specs(task_id=f"t{i}", first_rate=first_rate)) for i in range(n)]
+    known_work = objective is Objective.BALANCED
+    tasks = [
+        draw(task_specs(task_id=f"t{i}", first_rate=first_rate, known_work=known_work))
+        for i in range(n)
+    ]
     return AllocationProblem(
         tasks=tasks,
         free_nodes=draw(st.integers(0, 20)),

@@ -8,8 +8,10 @@ objective. Both are immutable and validated on construction, so every solver can
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import AllocationInputError
@@ -25,6 +27,12 @@ class Objective(StrEnum):
     WEIGHTED = "weighted"
     FAIR = "fair"
     REMAINING_WORK = "remaining_work"
+    BALANCED = "balanced"
+
+    @property
+    def uses_remaining_work(self) -> bool:
+        """Whether this objective's gains depend on each task's ``remaining_work``."""
+        return self in (Objective.REMAINING_WORK, Objective.BALANCED)
 
 
 class SolveStatus(StrEnum):
@@ -103,6 +111,16 @@ class TaskSpec(BaseModel):
             )
         return self
 
+    @cached_property
+    def need_node_s(self) -> float | None:
+        """Node-seconds the remaining work takes at the task's most efficient count, if known."""
+        if self.remaining_work is None:
+            return None
+        counts = np.arange(self.min_nodes, self.max_nodes + 1)
+        per_node = np.interp(counts, self.nodes, self.throughput) / counts
+        best = float(per_node.max())
+        return self.remaining_work / best if best > 0 else 0.0
+
 
 class AllocationProblem(BaseModel):
     """One allocation event: decide a node count for every task.
@@ -134,6 +152,16 @@ class AllocationProblem(BaseModel):
             seen.add(t.id)
         return v
 
+    @model_validator(mode="after")
+    def _work_known(self) -> AllocationProblem:
+        if self.objective is Objective.BALANCED:
+            for i, t in enumerate(self.tasks):
+                if t.remaining_work is None:
+                    raise _field_error(
+                        f"tasks[{i}].remaining_work", "the balanced objective needs it"
+                    )
+        return self
+
     @property
     def capacity(self) -> int:
         """Nodes the tasks may share: the free ones plus the ones they hold."""
@@ -142,6 +170,11 @@ class AllocationProblem(BaseModel):
     @property
     def caps_remaining_work(self) -> bool:
         return self.cap_at_remaining_work or self.objective is Objective.REMAINING_WORK
+
+    @cached_property
+    def largest_need_node_s(self) -> float:
+        """The most node-seconds any task still needs (tasks of unknown work left out)."""
+        return max((t.need_node_s or 0.0 for t in self.tasks), default=0.0)
 
     @classmethod
     def from_dict(cls, data: Any) -> AllocationProblem:

@@ -100,7 +100,7 @@ def replay(
     end = trace.end_s if config.end_s is None else min(config.end_s, trace.end_s)
     if end <= config.start_s:
         raise ValueError(f"empty window: start {config.start_s} s, end {end} s")
-    uses_work = config.objective is Objective.REMAINING_WORK
+    uses_work = config.objective.uses_remaining_work
     owner = np.where(trace.initial, FREE, BUSY).astype(np.int64)
     queue = sorted(jobs, key=lambda j: j.submit_s)
     queued = 0  # index of the next job to admit

@@ -146,3 +146,22 @@ def test_instance_json_round_trip(tmp_path) -> None:
     path.write_text(json.dumps(_instance()))
     problem = AllocationProblem.from_dict(json.loads(path.read_text()))
     assert problem.capacity == 4 and problem.tasks[0].id == "a"
+
+
+def test_balanced_gives_a_near_tie_to_the_task_with_more_work_left() -> None:
+    # Two identical tasks, one node: throughput is indifferent, balanced is not.
+    tasks = [
+        TASK | {"id": "early", "remaining_work": 1e3},
+        TASK | {"id": "late", "remaining_work": 5e3},
+    ]
+    problem = AllocationProblem.from_dict(
+        {"tfwd": 10, "free_nodes": 1, "objective": "balanced", "tasks": tasks}
+    )
+    assert solve_milp(problem).counts == {"early": 0, "late": 1}
+    assert solve_exact(problem).counts == {"early": 0, "late": 1}
+    # It is a tie-breaker, not a priority: a clearly better use of the node still wins.
+    faster = TASK | {"id": "early", "remaining_work": 1e3, "throughput": [0, 20, 36, 60]}
+    problem = AllocationProblem.from_dict(
+        {"tfwd": 10, "free_nodes": 1, "objective": "balanced", "tasks": [faster, tasks[1]]}
+    )
+    assert solve_milp(problem).counts == {"early": 1, "late": 0}

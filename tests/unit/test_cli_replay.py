@@ -72,3 +72,15 @@ def test_window_and_errors(tmp_path: Path) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "bad.csv:2 submit_window_s: missing" in bad.stderr
+
+
+@pytest.mark.slow
+def test_balanced_meets_the_reference_target(tmp_path: Path) -> None:
+    # The reference setting (original: E_used 0.924, E_avail 0.824): T_fwd chosen from the
+    # trace, no solve at the time limit, E_avail >= 0.87 with E_used >= 0.92.
+    done = _replay(tmp_path, "--policy", "milp", "--objective", "balanced")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["jobs_done"] == 10
+    assert summary["solve_status"] == {"optimal": summary["solves"]}
+    assert summary["E_avail"] >= 0.87 and summary["E_used"] >= 0.92
