@@ -102,3 +102,14 @@ def test_profiler_learns_the_curve_and_the_rescale_cost(tmp_path) -> None:
     assert profiler.curve() == ([0, 1, 2], [0.0, 100.0, 185.0])
     assert profiler.rescale_cost() == pytest.approx(3.5)
     assert np.all(np.diff(profiler.curve()[0]) > 0)
+
+
+def test_digits_read_directly_equal_scikit_learns() -> None:
+    from sklearn.datasets import load_digits
+
+    from parsl_bf.training.examples import _digits_arrays
+
+    images, labels = _digits_arrays()
+    reference = load_digits()
+    assert np.array_equal(images, reference.images)
+    assert np.array_equal(labels, reference.target)
