@@ -39,7 +39,7 @@ from parsl.providers.base import ExecutionProvider
 from parsl.serialize import pack_apply_message
 from parsl.utils import RepresentationMixin
 
-from ..training.reports import read_reports
+from ..training.reports import ReportTail
 from .channel import (
     PilotGone,
     PilotPreempted,
@@ -173,7 +173,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._lock = threading.Lock()  # the controller's state, read by outstanding()
         self._submissions: dict[str, _Submission] = {}
         self._fragments: dict[tuple[str, int], _Fragment] = {}
-        self._report_seen: dict[str, int] = {}
+        self._reports: dict[str, ReportTail] = {}  # task → its progress.jsonl, read so far
         self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -397,10 +397,12 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 self._write_status()
 
     def _read_progress(self, task_id: str) -> None:
-        path = self._submissions[task_id].directory / "progress.jsonl"
-        reports = read_reports(path)
-        seen = self._report_seen.get(task_id, 0)
-        for r in reports[seen:]:
+        tail = self._reports.get(task_id)
+        if tail is None:
+            tail = self._reports[task_id] = ReportTail(
+                self._submissions[task_id].directory / "progress.jsonl"
+            )
+        for r in tail.read():
             if r["event"] == "step":
                 self.controller.progress(
                     task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"])
@@ -410,7 +412,6 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 # time the task waited for nodes is not part of a rescale's cost.
                 began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
                 self.controller.rescaled(task_id, r["first_step_at"] - began)
-        self._report_seen[task_id] = len(reports)
 
     # --- carrying out actions ---------------------------------------------------------------
 

@@ -58,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--time-limit", type=float, default=10.0, help="solver limit, s")
     p.add_argument("--max-jobs", type=int, default=10, help="concurrent jobs (default 10)")
+    p.add_argument(
+        "--charge-starts",
+        action="store_true",
+        help="charge a start from zero nodes R_up·P(n), as a real fragment's start-up "
+        "(the original replayer starts tasks for free)",
+    )
     p.add_argument("--nodes", type=int, help="use the first N nodes (by col_index)")
     p.add_argument("--node-offset", type=int, default=0, help="skip the first K nodes")
     p.add_argument("--start", type=parse_duration, default=0, help="window start (48h, 90m, s)")
@@ -157,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         max_jobs=args.max_jobs,
         start_s=args.start,
         end_s=end,
+        charge_starts=args.charge_starts,
     )
     update, finish = _progress(end, args.start)
     began = time.perf_counter()
@@ -173,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         "node_offset": args.node_offset,
         "jobs": str(args.jobs),
         "max_jobs": args.max_jobs,
+        "charge_starts": args.charge_starts,
         "start_s": args.start,
         "end_s": end,
         "wall_s": round(time.perf_counter() - began, 2),

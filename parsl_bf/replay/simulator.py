@@ -2,11 +2,12 @@
 
 At every trace time some nodes change state. Between two events a task progresses
 Δt·P(n) samples, minus the rescale charge R_up·P(c) or R_down·P(c) of the event at which its
-count changed from c to n; a task that loses nodes to preemption is charged R_down·P(c) once per
-event. Tasks are admitted first come first served, at most ``max_jobs`` at a time, and end once
-their samples reach their work (checked at events, as in the original). The allocation itself is
-the policy's (the same code the executor runs); nodes are mapped with
-:func:`~parsl_bf.allocation.plan`, so a node is never moved between tasks that keep running.
+count changed from c to n (with ``charge_starts``, a start from c = 0 is charged R_up·P(n));
+a task that loses nodes to preemption is charged R_down·P(c) once per event. Tasks are admitted
+first come first served, at most ``max_jobs`` at a time, and end once their samples reach their
+work (checked at events, as in the original). The allocation itself is the policy's (the same
+code the executor runs); nodes are mapped with :func:`~parsl_bf.allocation.plan`, so a node is
+never moved between tasks that keep running.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class ReplayConfig:
     max_jobs: int = 10
     start_s: int = 0
     end_s: int | None = None  # None: the trace's end (or until every job is done)
+    # The original replayer starts a task from zero nodes for free (its charge R·P(0) is 0);
+    # a real fragment start pays process start-up. True: charge R_up·P(n) for a 0 → n start.
+    charge_starts: bool = False
 
 
 @dataclass
@@ -223,8 +227,9 @@ def replay(
                         continue
                     n_rescales += 1
                     cost = task.job.rescale_up_s if n > c else task.job.rescale_down_s
-                    task.charge += cost * task.rate
-                    rescale_loss += cost * task.rate
+                    rate = task.throughput(n) if c == 0 and config.charge_starts else task.rate
+                    task.charge += cost * rate
+                    rescale_loss += cost * rate
                     owner[list(step.add)] = task.slot
                     task.nodes = list(step.nodes)
                     task.rate = task.throughput(n)

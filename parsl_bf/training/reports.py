@@ -10,13 +10,14 @@ interval, loss), ``stop`` (checkpointed on a signal) and ``done``. The executor 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReportSink", "read_reports", "ScalingProfiler"]
+__all__ = ["ReportSink", "ReportTail", "read_reports", "ScalingProfiler"]
 
 
 class ReportSink:
@@ -37,16 +38,36 @@ class ReportSink:
 
 def read_reports(path: str | Path) -> list[dict[str, Any]]:
     """All complete report lines of a file (a partly written last line is ignored)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
+    return ReportTail(path).read()
+
+
+class ReportTail:
+    """The reports appended to a file since the last :meth:`read`, for a reader that polls a
+    growing file: it reads only the new bytes, and a partly written last line waits for the
+    next call."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+            with self.path.open("rb") as f:
+                if os.fstat(f.fileno()).st_size < self._offset:  # written anew
+                    self._offset = 0
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # complete lines only
+        self._offset += end
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a crash, followed by newer ones
+                continue
+        return out
 
 
 class ScalingProfiler:

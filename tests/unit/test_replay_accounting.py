@@ -58,6 +58,15 @@ def test_progress_rescale_and_preemption_charges() -> None:
     assert [c for _, c in result.task_nodes["a"]] == [0, 2, 1]
 
 
+def test_charge_starts_charges_a_start_from_zero_at_the_new_rate() -> None:
+    # The first test's trace, with starts charged: t=0 starts on 2 nodes, R_up·P(2) = 2,000.
+    trace = _trace([True, True], [(100, 1, False)], 300)
+    config = ReplayConfig(tfwd=1000, charge_starts=True)
+    s = replay(trace, [_job()], make_policy("exact"), config).summary
+    assert s["samples"] == pytest.approx(20_000 - 2_000 - 1_000 + 20_000)
+    assert s["rescale_loss_samples"] == pytest.approx(2_000)
+
+
 def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work() -> None:
     # One node idle, a second joins at t=50; the job's work ends it at the t=400 event.
     trace = _trace([True, False], [(50, 1, True), (400, 0, False)], 1000)

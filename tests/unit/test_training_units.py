@@ -113,3 +113,19 @@ def test_digits_read_directly_equal_scikit_learns() -> None:
     reference = load_digits()
     assert np.array_equal(images, reference.images)
     assert np.array_equal(labels, reference.target)
+
+
+def test_report_tail_reads_only_new_complete_lines(tmp_path) -> None:
+    from parsl_bf.training.reports import ReportTail
+
+    path = tmp_path / "progress.jsonl"
+    tail = ReportTail(path)
+    assert tail.read() == []  # not there yet
+    path.write_text('{"event": "start"}\n{"event": "st')  # the writer is mid-line
+    assert tail.read() == [{"event": "start"}]
+    with path.open("a") as f:
+        f.write('ep", "samples": 64}\n{"event": "step", "samples": 128}\n')
+    assert [r["samples"] for r in tail.read()] == [64, 128]
+    assert tail.read() == []
+    path.write_text('{"event": "done"}\n')  # written anew (shorter): read from the start
+    assert tail.read() == [{"event": "done"}]
