@@ -18,8 +18,9 @@ What it measures, in one run (``--quick``: a shorter window and calibration):
    While a world-w fragment is measured, nodes − w one-rank "filler" fragments keep the other
    cores busy, as the other emulated nodes are in the runs (P(1) is then a node's rate on a
    fully used machine, not on an idle one).
-3. **Real runs**, twice on the same window: walltime-aware (``min_node_life_s`` = 2 × the
-   calibrated rescale cost) and the paper's model (``min_node_life_s=0``); ``--tasks``
+3. **Real runs**, three times on the same window: walltime-aware (``min_node_life_s`` = 2 ×
+   the calibrated rescale cost), the paper's model (``min_node_life_s=0``), both with warm
+   rescales, and "cold": walltime-aware with ``warm_rescale=False``; ``--tasks``
    elastic tasks (1..nodes nodes, the calibrated curve as their scaling guess, work far beyond
    the window), stopped at the window's end (``parsl.dfk().cleanup()``). From the executor's
    ``events.jsonl`` and the tasks' ``progress.jsonl``: samples done by the window end (each
@@ -71,9 +72,9 @@ to ``--quiet-wait`` s for it to drop under 0.5 cores. "P(1) run" (median step ra
 runs' 1-rank fragments) next to the calibration's P(1) shows how much slower the ranks ran.
 Figures measured while others use a good part of the cores mostly measure them.
 
-Prints a table (rows aware / paper / replay / replay+) and ends with one JSON line, whose first keys are
-``E_avail`` (the aware run), ``E_avail_replay``, ``decision_p50_s`` and ``decision_p95_s``
-(all decisions of both runs: the same code path), ``lost_samples_aware``,
+Prints a table (rows aware / paper / cold / replay / replay+) and ends with one JSON line,
+whose first keys are ``E_avail`` (the aware run), ``E_avail_replay``, ``decision_p50_s`` and
+``decision_p95_s`` (all decisions of the runs: the same code path), ``lost_samples_aware``,
 ``lost_samples_paper``. Progress goes to stderr.
 """
 
@@ -727,11 +728,22 @@ def main() -> int:
         )
         runs = {}
         aware_life = 2 * cal.rescale
-        for name, life in (("aware", aware_life), ("paper", 0.0)):
+        for name, life, warm in (
+            ("aware", aware_life, True),
+            ("paper", 0.0, True),
+            ("cold", aware_life, False),
+        ):
             wait_quiet(args.quiet_wait)
-            note(f"{name}: min_node_life_s {life:.1f}")
+            note(f"{name}: min_node_life_s {life:.1f}, warm_rescale {warm}")
             runs[name] = real_run(
-                name, window, cal, args, mpiexec, tmp / name, min_node_life_s=life
+                name,
+                window,
+                cal,
+                args,
+                mpiexec,
+                tmp / name,
+                min_node_life_s=life,
+                warm_rescale=warm,
             )
         rep = replay_window(window, cal, args.tasks, args.tfwd)
         rep_charged = replay_window(window, cal, args.tasks, args.tfwd, charge_starts=True)
@@ -836,7 +848,7 @@ def main() -> int:
         "P(1); decisions in s; replay lost = its preemption charge R·P; others = cores used by "
         "other processes on the machine (replay: during the calibration)"
     )
-    decisions = runs["aware"].decisions + runs["paper"].decisions
+    decisions = [x for r in runs.values() for x in r.decisions]
     leftover = sum(r.leftover for r in runs.values()) + len(left)
     figures = {
         "E_avail": round(aware["E_avail"], 4),
@@ -848,20 +860,22 @@ def main() -> int:
         "E_avail_ratio": round(ratio, 4) if ratio else None,
         "E_avail_replay_starts_charged": round(rep_charged["E_avail"], 4),
         "E_avail_paper": round(paper["E_avail"], 4),
+        "E_avail_cold": round(rows["cold"]["E_avail"], 4),
         "E_avail_run_P1": {
             k: round(rows[k]["E_avail_run"], 4) if rows[k]["E_avail_run"] else None
-            for k in ("aware", "paper")
+            for k in ("aware", "paper", "cold")
         },
         "util": round(aware["util"], 4),
         "util_paper": round(paper["util"], 4),
         "util_replay": round(rep["util"], 4),
         "samples_aware": aware["samples"],
         "samples_paper": paper["samples"],
+        "samples_cold": rows["cold"]["samples"],
         "samples_replay": round(rep["samples"]),
         "preemptions_aware": aware["preempt"],
         "preemptions_paper": paper["preempt"],
         "decisions": len(decisions),
-        "P1_in_run": {k: round(rows[k]["rate1"] or 0.0, 1) for k in ("aware", "paper")},
+        "P1_in_run": {k: round(rows[k]["rate1"] or 0.0, 1) for k in runs},
         "other_cores": {
             "calibration": round(cal.others, 2),
             **{k: round(r.others, 2) for k, r in runs.items()},

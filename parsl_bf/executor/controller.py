@@ -4,8 +4,14 @@ The :class:`Controller` holds what the executor knows (live pilots and their nod
 training tasks and plain tasks) and turns each event into :class:`Action`s for the executor to
 carry out. On every event that may change the best allocation it re-solves with the allocator
 (same code and objectives as the replay simulator), maps the counts to nodes without migration
-(:func:`parsl_bf.allocation.plan`), and rescales a fragment by stopping it (its ranks
-checkpoint) and starting it again at the new size once it has stopped.
+(:func:`parsl_bf.allocation.plan`), and rescales a fragment by handing it over to a new one.
+
+A rescale is warm when every node the new size adds is free: the new fragment starts at once
+on its nodes (sharing the kept ones with the old ranks for a moment), imports and builds its
+model while the old one keeps training, and the old one is stopped only when the new one is
+ready (``StopFragment.when_ready``); the new ranks then wait for the old result and take over
+from its checkpoint. Otherwise (nodes still held by another task, or ``warm_rescale=False``)
+it is cold: stop, and start the new size at the decision after the stop.
 
 Beyond the paper's model:
 - a node's value is its pilot's remaining walltime: growing tasks take the longest-lived nodes,
@@ -78,6 +84,9 @@ class ElasticTask:
     nodes: tuple[Node, ...] = ()  # the running fragment's nodes
     generation: int = 0  # fragments started so far
     state: str = "queued"  # queued, running, stopping, done, failed
+    # The previous fragment (generation, nodes) while it hands over to the current one: its
+    # nodes stay busy, and the task is not rescaled again, until it has exited.
+    previous: tuple[int, tuple[Node, ...]] | None = None
     measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
     measured_rescale_s: list[float] = field(default_factory=list)
 
@@ -94,6 +103,11 @@ class ElasticTask:
             rate = known.get(n, self.scaling.get(n, per_node * n))
             rates.append(max(rate, rates[-1] if rates else 0.0))  # never less with more nodes
         return tuple(range(self.max_nodes + 1)), (0.0, *rates)
+
+    def held(self) -> set[Node]:
+        """The nodes its fragments occupy: the current one's and a handing-over one's."""
+        nodes = set(self.nodes) if self.state in ("running", "stopping") else set()
+        return nodes | set(self.previous[1]) if self.previous is not None else nodes
 
     def rescale_cost(self) -> float:
         return (
@@ -115,20 +129,24 @@ class PlainTask:
 
 @dataclass(frozen=True)
 class StartFragment:
-    """Start ``task``'s fragment number ``generation`` on these hosts of these pilots."""
+    """Start ``task``'s fragment number ``generation`` on these hosts of these pilots; with
+    ``after``, as a warm successor of that generation (it takes over from its checkpoint)."""
 
     task: str
     generation: int
     placement: tuple[tuple[str, tuple[str, ...]], ...]  # (pilot, hosts) per group
+    after: int | None = None
 
 
 @dataclass(frozen=True)
 class StopFragment:
-    """Ask the fragment's ranks to checkpoint and exit (a rescale, a stop, a preemption)."""
+    """Ask the fragment's ranks to checkpoint and exit (a rescale, a stop, a preemption); with
+    ``when_ready``, only once that generation of the task is set up (a warm rescale)."""
 
     task: str
     generation: int
     reason: str
+    when_ready: int | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +176,9 @@ class Controller:
         Elastic tasks running at once (first come first served).
     min_node_life_s
         Nodes whose pilot ends sooner are not offered to elastic tasks (0: the paper's model).
+    warm_rescale
+        Hand a rescaled fragment over to its successor warm when the nodes allow (module
+        docstring); False: always stop first, then start.
     """
 
     def __init__(
@@ -167,10 +188,12 @@ class Controller:
         time_limit: float = 10.0,
         max_tasks: int = 10,
         min_node_life_s: float = 0.0,
+        warm_rescale: bool = True,
     ) -> None:
         self.objective = Objective(objective)
         self.tfwd, self.time_limit = tfwd, time_limit
         self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
+        self.warm_rescale = warm_rescale
         self.pilots: dict[str, PilotView] = {}
         self.elastic: dict[str, ElasticTask] = {}
         self.plain: dict[str, PlainTask] = {}
@@ -204,9 +227,15 @@ class Controller:
         view.leaving = True
         actions: list[Action] = []
         for task in self.elastic.values():
-            if task.state == "running" and any(_split(n)[0] == pilot for n in task.nodes):
+            hit = task.state == "running" and any(_split(n)[0] == pilot for n in task.nodes)
+            if hit:
                 task.state = "stopping"
                 actions.append(StopFragment(task.id, task.generation, reason))
+            if task.previous is not None and (
+                hit or any(_split(n)[0] == pilot for n in task.previous[1])
+            ):
+                # Its successor is stopping or its own nodes go: no hand-over, stop it now.
+                actions.append(StopFragment(task.id, task.previous[0], reason))
         return actions + self.decide(now)
 
     def pilot_gone(self, pilot: str, now: float) -> list[Action]:
@@ -240,12 +269,24 @@ class Controller:
         """All ranks of a fragment exited: ``done`` (all the work), ``stopped`` (checkpointed;
         it continues at the next decision) or ``failed``."""
         task = self.elastic[task_id]
+        task.samples = max(task.samples, samples)
+        if task.previous is not None and generation == task.previous[0]:
+            task.previous = None  # handed over (or stopped): its nodes are free
+            if task.state == "stopping" and not task.nodes:
+                task.state = "queued"
+            return self.decide(now)
         if generation != task.generation:
             return []
-        task.samples = max(task.samples, samples)
         task.nodes = ()
         task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
-        return self.decide(now)
+        actions: list[Action] = []
+        if task.previous is not None:
+            # The successor ended before the hand-over: the previous fragment must stop
+            # before the task may start again (two fragments would share one checkpoint).
+            actions.append(StopFragment(task.id, task.previous[0], "successor ended"))
+            if task.state == "queued":
+                task.state = "stopping"
+        return actions + self.decide(now)
 
     def progress(self, task_id: str, world: int, rate: float, samples: int) -> None:
         """A fragment's step report: learn its scaling curve."""
@@ -268,7 +309,7 @@ class Controller:
             dt = now - self._accounted_at
             offered = sum(len(v.hosts) for v in self.pilots.values() if not v.leaving)
             used = sum(1 for t in self.plain.values() if t.state == "running") + sum(
-                len(t.nodes) for t in self.elastic.values() if t.state in ("running", "stopping")
+                len(t.held()) for t in self.elastic.values()
             )
             self.offered_node_s += dt * offered
             self.used_node_s += dt * min(used, offered) if offered else 0.0
@@ -314,8 +355,7 @@ class Controller:
         usable = self._usable(now)
         busy = {t.node for t in self.plain.values() if t.state == "running"}
         for task in self.elastic.values():
-            if task.state in ("running", "stopping"):
-                busy.update(task.nodes)
+            busy.update(task.held())
         free = [n for n in usable if n not in busy]
         actions: list[Action] = []
         # Plain tasks first, on the shortest-lived free nodes (they are short).
@@ -397,9 +437,20 @@ class Controller:
                 frozen.update(holder[n] for n in moved if n in holder)
         for task in candidates:
             step = node_plan.tasks[task.id]
-            if step.nodes == task.nodes or task.id in frozen:
+            if step.nodes == task.nodes or task.id in frozen or task.previous is not None:
                 continue
-            if task.state == "running":  # a rescale or a stop: restart after the checkpoint
+            added = set(step.nodes) - set(task.nodes)
+            if task.state == "running" and step.nodes and self.warm_rescale and added <= available:
+                old = task.generation
+                task.previous = (old, task.nodes)
+                task.nodes, task.generation = tuple(step.nodes), old + 1
+                actions.append(
+                    StartFragment(task.id, task.generation, _placement(step.nodes), after=old)
+                )
+                actions.append(
+                    StopFragment(task.id, old, step.action.value, when_ready=task.generation)
+                )
+            elif task.state == "running":  # a cold rescale or a stop: restart after it
                 task.state = "stopping"
                 actions.append(StopFragment(task.id, task.generation, step.action.value))
             elif step.nodes and not set(step.nodes) <= available:

@@ -69,6 +69,10 @@ ELASTIC_KEYS = frozenset(
     {"work", "min_nodes", "max_nodes", "scaling", "rescale_s", "task", "options"}
 )
 
+# A warm successor not set up by then: stop its predecessor anyway (the successor takes over
+# from the checkpoint whenever it is ready).
+HANDOVER_TIMEOUT_S = 120.0
+
 
 class FragmentFailed(RuntimeError):
     """A training task's ranks failed by themselves (not by a preemption or a rescale)."""
@@ -82,6 +86,16 @@ class _Fragment:
     result: Path
     stop_requested: bool = False
     stop_at: float | None = None
+
+
+@dataclass
+class _Handover:
+    """A fragment to stop once its warm successor is ready (or at ``deadline`` regardless)."""
+
+    generation: int
+    reason: str
+    ready: Path
+    deadline: float
 
 
 @dataclass
@@ -114,6 +128,10 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         A pilot this close to its end is treated as leaving: its fragments checkpoint and stop.
     rescale_s : float
         Guess of a rescale's cost until one is measured.
+    warm_rescale : bool
+        Start a rescaled fragment's successor while the fragment still trains, and stop the
+        fragment once the successor has imported and built its model (when the nodes the
+        successor adds are free). False: stop first, then start the new size.
     heartbeat_timeout_s : float
         A pilot silent this long is considered gone.
     mpiexec : str
@@ -140,6 +158,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         min_node_life_s: float | None = None,
         walltime_notice_s: float = 5.0,
         rescale_s: float = 10.0,
+        warm_rescale: bool = True,
         heartbeat_timeout_s: float = 15.0,
         mpiexec: str | None = None,
         mpi_hosts: bool = False,
@@ -159,6 +178,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.max_tasks, self.checkpoint_every = max_tasks, checkpoint_every
         self.min_node_life_s = min_node_life_s
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
+        self.warm_rescale = warm_rescale
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.mpiexec = mpiexec or str(Path(sys.executable).with_name("mpiexec"))
         self.mpi_hosts, self.address = mpi_hosts, address
@@ -168,11 +188,14 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             time_limit,
             max_tasks,
             2 * rescale_s if min_node_life_s is None else min_node_life_s,
+            warm_rescale,
         )
         self._events: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # the controller's state, read by outstanding()
         self._submissions: dict[str, _Submission] = {}
         self._fragments: dict[tuple[str, int], _Fragment] = {}
+        # (task, successor generation) → the warm hand-over waiting for the successor's ranks
+        self._handovers: dict[tuple[str, int], _Handover] = {}
         self._reports: dict[str, ReportTail] = {}  # task → its progress.jsonl, read so far
         self._count = 0
         self._stop = threading.Event()
@@ -318,7 +341,16 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         for action in actions:
             if isinstance(action, StartFragment):
                 self._start_fragment(action)
+            elif isinstance(action, StopFragment) and action.when_ready is not None:
+                gen_dir = self._submissions[action.task].directory / f"fragment{action.when_ready}"
+                self._handovers[(action.task, action.when_ready)] = _Handover(
+                    action.generation,
+                    action.reason,
+                    gen_dir / "ready",
+                    time.time() + HANDOVER_TIMEOUT_S,
+                )
             elif isinstance(action, StopFragment):
+                self._handovers.pop((action.task, action.generation + 1), None)
                 self._stop_fragment(action.task, action.generation, action.reason)
             elif isinstance(action, RunPlain):
                 self._run_plain(action)
@@ -370,11 +402,19 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 return
             self._apply(actions, cause, t0)
 
+    def _hand_over(self, now: float) -> None:
+        """Stop each fragment whose warm successor is set up (or gone, or late)."""
+        for (task_id, gen), h in list(self._handovers.items()):
+            if h.ready.exists() or (task_id, gen) not in self._fragments or now > h.deadline:
+                del self._handovers[(task_id, gen)]
+                self._stop_fragment(task_id, h.generation, h.reason)
+
     def _tick(self) -> None:
         """Progress from the reports, pilots reaching their walltime, stuck stops."""
         t0 = time.time()
         with self._lock:
             self.controller.account(t0)
+            self._hand_over(t0)
             for (task_id, _gen), fragment in list(self._fragments.items()):
                 self._read_progress(task_id)
                 if fragment.stop_at is not None and t0 > fragment.stop_at:
@@ -454,6 +494,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             if groups > 1:
                 argv += ["--rendezvous", str(gen_dir / "rendezvous")]
                 argv += ["--group", str(g), "--groups", str(groups)]
+            if action.after is not None:  # a warm successor: take over from that fragment
+                argv += ["--after", str(d / f"fragment{action.after}" / "result.json")]
+                argv += ["--ready", str(gen_dir / "ready")]
             env = {"PYTHONPATH": _pythonpath()}
             if self._emulated:  # every emulated node of this machine is about one core
                 env["PARSL_BF_THREADS_PER_RANK"] = "1"
@@ -479,6 +522,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             generation=action.generation,
             nodes=sum(len(h) for _, h in action.placement),
             pilots=[p for p, _ in action.placement],
+            after=action.after,  # a warm successor of that generation
         )
 
     def _stop_fragment(self, task_id: str, generation: int, reason: str) -> None:
@@ -540,6 +584,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         outcome = _read_json(fragment.result)
         status = outcome.get("status") if outcome else None
         sub = self._submissions[task_id]
+        if fragment.generation < self.controller.elastic[task_id].generation:
+            return self._superseded_exited(fragment, outcome, item, now)
         if status == "done":
             self.event_log.emit("task_done", task=task_id, samples=outcome["samples"])
             sub.future.set_result(outcome)
@@ -556,6 +602,26 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.event_log.emit("task_failed", task=task_id, code=item.code)
         sub.future.set_exception(FragmentFailed(f"task {task_id}: exit {item.code}: {err}"))
         return self.controller.fragment_ended(task_id, fragment.generation, "failed", 0, now)
+
+    def _superseded_exited(
+        self, fragment: _Fragment, outcome: dict | None, item: ProcessExited, now: float
+    ) -> list:
+        """A fragment that a warm successor replaces has exited: the successor resolves the
+        task. If it left no result (it died), write one, so that the successor, waiting for
+        it, takes over from the last checkpoint as after a preemption."""
+        if outcome is None:
+            self.event_log.emit(
+                "fragment_lost", task=fragment.task, generation=fragment.generation, code=item.code
+            )
+            outcome = {"status": "lost", "samples": 0}
+            tmp = fragment.result.with_suffix(".tmp")
+            tmp.write_text(json.dumps(outcome))
+            tmp.replace(fragment.result)
+        else:
+            self.event_log.emit("fragment_stopped", task=fragment.task, samples=outcome["samples"])
+        return self.controller.fragment_ended(
+            fragment.task, fragment.generation, "stopped", int(outcome["samples"]), now
+        )
 
     def _plain_exited(self, task_id: str, item: ProcessExited, now: float) -> list:
         sub = self._submissions[task_id]

@@ -26,12 +26,13 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 from mpi4py import MPI
 
 from .checkpoint import CheckpointError
 from .rendezvous import join
 from .reports import ReportSink
-from .trainer import ElasticTrainer, TrainingInputError, TrainingTask
+from .trainer import ElasticTrainer, TrainingInputError, TrainingTask, TrainOutcome
 
 __all__ = ["main", "load_task"]
 
@@ -77,15 +78,34 @@ def _process_started_at() -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _standby(comm: MPI.Comm, ready: Path | None, after: Path | None, timeout: float) -> None:
-    """Tell (``ready``) that every rank is set up, then wait for ``after`` to exist."""
+class StoppedInStandby(Exception):
+    """Asked to stop while waiting for ``--after``: nothing was loaded or trained."""
+
+
+def _standby(
+    comm: MPI.Comm,
+    ready: Path | None,
+    after: Path | None,
+    timeout: float,
+    should_stop=lambda: False,
+) -> None:
+    """Tell (``ready``) that every rank is set up, then wait for ``after`` to exist.
+
+    The ranks decide together (one tiny Allreduce per poll) whether to go on or to stop, so
+    none is left in a collective that the others never reach."""
     if ready is not None:
         comm.Barrier()
         if comm.rank == 0:
             ready.parent.mkdir(parents=True, exist_ok=True)
             ready.touch()
     deadline = time.monotonic() + timeout
-    while after is not None and not after.exists():
+    while after is not None:
+        mine = np.array([float(not after.exists()), float(should_stop())])
+        comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MAX)
+        if mine[1]:
+            raise StoppedInStandby
+        if not mine[0]:
+            return
         if time.monotonic() > deadline:
             raise TrainingInputError(f"--after {after}: not there after {timeout:.0f} s")
         time.sleep(0.01)
@@ -149,9 +169,14 @@ def main(argv: list[str] | None = None) -> int:
             reports=ReportSink(args.report if comm.rank == 0 else None),
             should_stop=lambda: stop["asked"],
             started_at=_process_started_at(),
-            before_load=lambda: _standby(comm, args.ready, args.after, args.after_timeout),
+            before_load=lambda: _standby(
+                comm, args.ready, args.after, args.after_timeout, lambda: stop["asked"]
+            ),
         )
-        outcome = trainer.run()
+        try:
+            outcome = trainer.run()
+        except StoppedInStandby:
+            outcome = TrainOutcome("stopped", 0, 0, comm.size, None, None)
     except (TrainingInputError, CheckpointError, json.JSONDecodeError) as exc:
         # Raised on every rank alike (the checks are collective): a clean exit.
         if comm.rank == 0:

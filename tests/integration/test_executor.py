@@ -85,6 +85,9 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
         assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(read_reports(progress)))
     events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
     assert any(e["event"] == "decision" and e["cause"] == "pilot preempted" for e in events)
+    # Rescales onto free nodes were warm: a successor started before its predecessor stopped.
+    warm = [e for e in events if e["event"] == "fragment_start" and e.get("after") is not None]
+    assert warm, "no warm rescale happened"
 
 
 def test_backfill_executor_on_slurm_pilots_through_a_main_job(slurm, tmp_path: Path, monkeypatch):

@@ -188,3 +188,20 @@ def test_warm_start_waits_for_the_previous_run(tmp_path: Path) -> None:
         assert new.wait(timeout=120) == 0, new.stderr.read()
     finally:
         old.kill()
+
+
+def test_a_standby_asked_to_stop_exits_without_training(tmp_path: Path) -> None:
+    """Its predecessor never hands over (e.g. a preemption): a signal to one rank stops all."""
+    new = start(2, tmp_path, 10**6, after=tmp_path / "never.json", ready=tmp_path / "ready")
+    try:
+        pids = rank_pids(new, 2)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists():
+            assert time.monotonic() < deadline and new.poll() is None
+            time.sleep(0.1)
+        os.kill(pids[1], signal.SIGTERM)  # one rank only: they decide together
+        assert new.wait(timeout=60) == 0, new.stderr.read()
+        assert result(tmp_path)["status"] == "stopped" and result(tmp_path)["samples"] == 0
+        assert not checkpoints(tmp_path / "ckpt")
+    finally:
+        new.kill()

@@ -1,4 +1,4 @@
-"""The executor's decisions (pure): allocation on every event, rescale by stop-and-restart,
+"""The executor's decisions (pure): allocation on every event, warm and cold rescales,
 preemption, plain tasks first, walltime-aware node offers. Real GLPK solves each event."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_pilot_up_starts_fragments_within_their_bounds() -> None:
 
 
 def test_preemption_stops_the_fragment_and_it_restarts_on_what_is_left() -> None:
-    c = Controller(tfwd=60)
+    c = Controller(tfwd=60, warm_rescale=False)
     c.submit_elastic(_task("a", 1, 4), NOW)
     (start,) = c.pilot_up("p1", ["n1", "n2"], None, NOW)
     c.pilot_up("p2", ["n3"], None, NOW)  # a grow: stop first, restart after the checkpoint
@@ -58,6 +58,33 @@ def test_preemption_stops_the_fragment_and_it_restarts_on_what_is_left() -> None
     # A stale report of an older fragment changes nothing.
     assert c.fragment_ended("a", start.generation, "done", 10_000, NOW + 5) == []
     assert c.elastic["a"].state == "running"
+
+
+def test_a_warm_rescale_hands_over_and_a_preemption_stops_both_fragments() -> None:
+    c = Controller(tfwd=60)
+    c.submit_elastic(_task("a", 1, 4), NOW)
+    (first,) = c.pilot_up("p1", ["n1", "n2"], None, NOW)
+    # A grow onto free nodes: the successor starts now, the old one stops once it is ready.
+    start, stop = c.pilot_up("p2", ["n3"], None, NOW)
+    assert start == StartFragment("a", 2, (("p1", ("n1", "n2")), ("p2", ("n3",))), after=1)
+    assert stop == StopFragment("a", 1, "grow", when_ready=2)
+    assert c.elastic["a"].previous == (1, ("p1/n1", "p1/n2"))
+    assert c.pilot_up("p3", ["n4"], None, NOW + 1) == []  # no rescale during a hand-over
+    (grow,) = [
+        a for a in c.fragment_ended("a", 1, "stopped", 500, NOW + 2) if isinstance(a, StartFragment)
+    ]
+    assert grow.after == 2 and len(_nodes(grow)) == 4 and c.elastic["a"].samples == 500
+    # The successor's pilot is preempted mid-hand-over: both fragments stop now.
+    actions = c.pilot_leaving("p3", NOW + 3)
+    assert StopFragment("a", 3, "preempted") in actions
+    assert StopFragment("a", 2, "preempted") in actions
+    assert c.fragment_ended("a", 3, "stopped", 600, NOW + 4) == [
+        StopFragment("a", 2, "successor ended")
+    ]
+    assert c.elastic["a"].state == "stopping"  # not restarted while generation 2 runs
+    (again,) = c.fragment_ended("a", 2, "stopped", 900, NOW + 5)
+    assert again.after is None and sorted(_nodes(again)) == ["p1/n1", "p1/n2", "p2/n3"]
+    assert c.elastic["a"].samples == 900
 
 
 def test_plain_tasks_get_nodes_first_and_are_requeued_with_a_lost_pilot() -> None:
@@ -120,26 +147,31 @@ events = st.lists(
 def test_no_node_is_ever_given_twice(seq) -> None:
     c = Controller(tfwd=60, time_limit=5, min_node_life_s=30)
     now, pilots, n = NOW, [], 0
-    owner: dict[str, str] = {}  # node → what runs there now, from the actions alone
+    # node → what runs there now, from the actions alone: (task, generation) pairs; two only
+    # while a fragment hands over to its warm successor on a node both use.
+    owner: dict[str, set[tuple[str, int]]] = {}
 
     def apply(actions) -> None:
         for a in actions:
             if isinstance(a, StartFragment):
                 for node in _nodes(a):
-                    assert node not in owner, f"{node} given to {a.task} and {owner[node]}"
+                    there = owner.get(node, set())
+                    assert there <= {(a.task, a.after)}, f"{node} given to {a.task} and {there}"
                     view = c.pilots[node.split("/")[0]]
                     assert not view.leaving
-                    owner[node] = a.task
+                    owner.setdefault(node, set()).add((a.task, a.generation))
                 task = c.elastic[a.task]
                 assert task.min_nodes <= len(_nodes(a)) <= task.max_nodes
             elif isinstance(a, RunPlain):
                 node = f"{a.pilot}/{a.host}"
-                assert node not in owner
-                owner[node] = a.task
+                assert not owner.get(node)
+                owner[node] = {(a.task, 0)}
 
-    def release(task_id: str) -> None:
-        for node in [k for k, v in owner.items() if v == task_id]:
-            del owner[node]
+    def release(task_id: str, generation: int = 0) -> None:
+        for node, there in list(owner.items()):
+            there.discard((task_id, generation))
+            if not there:
+                del owner[node]
 
     for ev in seq:
         now += 7
@@ -170,9 +202,13 @@ def test_no_node_is_ever_given_twice(seq) -> None:
             stopping = [t for t in c.elastic.values() if t.state in ("stopping", "running")]
             if stopping:
                 t = stopping[ev[1] % len(stopping)]
+                if t.previous is not None and (ev[1] % 2 or not t.nodes):  # the old one exits
+                    release(t.id, t.previous[0])
+                    apply(c.fragment_ended(t.id, t.previous[0], "stopped", 0, now))
+                    continue
                 if t.state == "running" and ev[2] == "stopped":
                     continue  # a running fragment only stops when asked
-                release(t.id)
+                release(t.id, t.generation)
                 apply(c.fragment_ended(t.id, t.generation, ev[2], 0, now))
         elif kind == "plain_end":
             running = [t for t in c.plain.values() if t.state == "running"]
