@@ -27,7 +27,7 @@ tasks are given the rest; elastic tasks do not grow while plain tasks wait for a
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,9 @@ __all__ = [
 
 # A node is named "<pilot>/<host>": the same host may come back in another pilot.
 Node = str
+
+# Step rates kept per task and world size (the latest): recent enough, and bounded memory.
+MEASURED_KEPT = 100
 
 
 def node_id(pilot: str, host: str) -> Node:
@@ -78,6 +81,7 @@ class ElasticTask:
     max_nodes: int = 1
     task: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    family: str = ""  # the training code (module:function): tasks of a family share rates
     scaling: dict[int, float] = field(default_factory=dict)  # the user's guess, samples/s
     rescale_s: float = 10.0  # the user's guess of a rescale's cost
     samples: int = 0
@@ -90,10 +94,16 @@ class ElasticTask:
     measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
     measured_rescale_s: list[float] = field(default_factory=list)
 
-    def curve(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    def curve(
+        self, siblings: Mapping[int, list[float]] | None = None
+    ) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """Samples/s at 0..max_nodes: measured where known, else the user's guess, else
-        linear from the best measured (or assumed 1 sample/s) rate per node."""
+        linear from the best measured (or assumed 1 sample/s) rate per node. A task with
+        neither measurements nor a guess takes ``siblings``' (rates measured on tasks running
+        the same training code) rather than the 1 sample/s that would starve it."""
         known = {n: statistics.median(r) for n, r in self.measured.items() if r}
+        if not known and not self.scaling and siblings:
+            known = {n: statistics.median(r) for n, r in siblings.items() if r}
         per_node = max((v / n for n, v in known.items()), default=None)
         if per_node is None:
             guesses = {n: v for n, v in self.scaling.items() if n > 0}
@@ -292,7 +302,9 @@ class Controller:
         """A fragment's step report: learn its scaling curve."""
         task = self.elastic.get(task_id)
         if task is not None and rate > 0:
-            task.measured.setdefault(world, []).append(rate)
+            rates = task.measured.setdefault(world, [])
+            rates.append(rate)
+            del rates[:-MEASURED_KEPT]
             task.samples = max(task.samples, samples)
 
     def rescaled(self, task_id: str, seconds: float) -> None:
@@ -345,6 +357,17 @@ class Controller:
                 out[node] = left
         return out
 
+    def _siblings(self, task: ElasticTask) -> dict[int, list[float]]:
+        """Rates measured on the other tasks of ``task``'s family, per world size."""
+        out: dict[int, list[float]] = {}
+        if not task.family:
+            return out
+        for other in self.elastic.values():
+            if other is not task and other.family == task.family:
+                for n, rates in other.measured.items():
+                    out.setdefault(n, []).extend(rates)
+        return out
+
     def outstanding_nodes(self) -> int:
         """Nodes the tasks could use now: what the scaling loop asks pilots for."""
         plain = sum(1 for t in self.plain.values() if t.state in ("queued", "running"))
@@ -389,7 +412,7 @@ class Controller:
             offered = []
         specs = []
         for task in candidates:
-            nodes, rates = task.curve()
+            nodes, rates = task.curve(self._siblings(task))
             cost = task.rescale_cost()
             specs.append(
                 TaskSpec(

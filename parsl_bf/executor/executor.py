@@ -287,6 +287,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 min_nodes=int(spec.get("min_nodes", 1)),
                 max_nodes=int(spec.get("max_nodes", spec.get("min_nodes", 1))),
                 task=spec.get("task") or self._factory_file(directory, func, args, kwargs),
+                family=spec.get("task") or _code_name(func),
                 options=dict(spec.get("options", {})),
                 scaling={int(k): float(v) for k, v in (spec.get("scaling") or {}).items()},
                 rescale_s=float(spec.get("rescale_s", self.rescale_s)),
@@ -685,6 +686,12 @@ def _pythonpath() -> str:
     """Ranks and apps import this package, and the workflow's modules, as the executor does."""
     here = str(Path(__file__).resolve().parents[2])
     return os.pathsep.join(p for p in (here, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+
+
+def _code_name(func) -> str:
+    """``module:qualname`` of an app's function (any callable)."""
+    name = getattr(func, "__qualname__", None) or type(func).__qualname__
+    return f"{getattr(func, '__module__', None) or type(func).__module__}:{name}"
 
 
 def _read_json(path: Path) -> dict | None:

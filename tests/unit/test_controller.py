@@ -124,6 +124,28 @@ def test_measured_rates_replace_the_guess() -> None:
     assert ElasticTask("b", work=1, max_nodes=2).curve()[1] == (0.0, 1.0, 2.0)
 
 
+def test_an_unmeasured_task_borrows_its_familys_rates() -> None:
+    # Without them it would be worth 1 sample/s per node and wait while measured tasks grow.
+    c = Controller(tfwd=60)
+    old = ElasticTask("old", work=10**9, max_nodes=2, task="m:f", family="m:f")
+    c.submit_elastic(old, NOW)
+    c.pilot_up("p1", ["n1"], None, NOW)
+    c.progress("old", world=1, rate=500.0, samples=5000)
+    new = ElasticTask("new", work=10**9, max_nodes=2, task="m:f", family="m:f")
+    other = ElasticTask("other", work=10**9, max_nodes=2, task="m:g", family="m:g")
+    c.submit_elastic(new, NOW + 1)
+    c.submit_elastic(other, NOW + 1)
+    assert new.curve(c._siblings(new))[1] == (0.0, 500.0, 1000.0)
+    assert other.curve(c._siblings(other))[1] == (0.0, 1.0, 2.0)  # another family
+    # The free node goes to the new task, not to growing the measured one (rescale cost).
+    (start,) = c.pilot_up("p2", ["n2"], None, NOW + 2)
+    assert start.task == "new"
+    # A guess of its own is not overridden by the family's measurements.
+    guessed = ElasticTask("g", work=1, max_nodes=1, task="m:f", family="m:f", scaling={1: 7.0})
+    c.submit_elastic(guessed, NOW + 3)
+    assert guessed.curve(c._siblings(guessed))[1] == (0.0, 7.0)
+
+
 events = st.lists(
     st.one_of(
         st.tuples(st.just("up"), st.integers(1, 3), st.sampled_from([None, 20.0, 500.0])),
