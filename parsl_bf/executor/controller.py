@@ -414,11 +414,13 @@ class Controller:
         for task in candidates:
             nodes, rates = task.curve(self._siblings(task))
             cost = task.rescale_cost()
+            # A task handing over keeps its size at this decision: plan around it as it is.
+            lo, hi = (len(task.nodes),) * 2 if task.previous else (task.min_nodes, task.max_nodes)
             specs.append(
                 TaskSpec(
                     id=task.id,
-                    min_nodes=task.min_nodes,
-                    max_nodes=task.max_nodes,
+                    min_nodes=lo,
+                    max_nodes=hi,
                     current_nodes=len(task.nodes),
                     nodes=nodes,
                     throughput=rates,
