@@ -85,9 +85,64 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
         assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(read_reports(progress)))
     events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
     assert any(e["event"] == "decision" and e["cause"] == "pilot preempted" for e in events)
-    # Rescales onto free nodes were warm: a successor started before its predecessor stopped.
+
+
+def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monkeypatch):
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    # Two 1-node pilots: the task starts on the first and grows onto the second while it
+    # trains (a warm hand-over); the nodes are idle 30 s of every 40 s, half a period apart,
+    # so later preemptions shrink it and returning nodes grow it again.
+    provider = LocalBackfillProvider(
+        nodes=2,
+        time_scale=1,
+        idle_s=30,
+        busy_s=10,
+        known_holes=False,
+        max_nodes=1,
+        min_walltime="00:00:05",
+        max_walltime="00:30:00",
+        grace_s=5,
+        max_blocks=2,
+    )
+    executor = BackfillExecutor(
+        label="bf",
+        provider=provider,
+        tfwd=600,  # growing is always worth it
+        checkpoint_every=CHECKPOINT_EVERY,
+        rescale_s=2,
+        heartbeat_timeout_s=10,
+    )
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=1_500_000, min_nodes=1, max_nodes=2
+    )
+    with parsl.load(config):
+        outcome = train(lr=0.05, width=8, global_batch=BATCH).result(timeout=600)
+    assert outcome["status"] == "done" and outcome["samples"] == 1_500_000
+    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
     warm = [e for e in events if e["event"] == "fragment_start" and e.get("after") is not None]
     assert warm, "no warm rescale happened"
+    (progress,) = (Path(executor.directory) / "tasks").glob("*/progress.jsonl")
+    reports = read_reports(progress)
+    assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(reports))
+    # A warm successor's process started before its predecessor stopped, and its first step
+    # continues from the predecessor's last (less a step's report granularity at an epoch end).
+    handed = [
+        (i, r)
+        for i, r in enumerate(reports)
+        if r["event"] == "start"
+        and r.get("stopped_at")
+        and (r.get("process_started_at") or float("inf")) < r["stopped_at"]
+    ]
+    assert handed
+    for i, r in handed:
+        best = max(x["samples"] for x in reports[:i] if "samples" in x)
+        assert best - (r["samples"] - BATCH) < BATCH
 
 
 def test_backfill_executor_on_slurm_pilots_through_a_main_job(slurm, tmp_path: Path, monkeypatch):
