@@ -39,7 +39,7 @@ from parsl.providers.base import ExecutionProvider
 from parsl.serialize import pack_apply_message
 from parsl.utils import RepresentationMixin
 
-from ..training.reports import ReportTail
+from ..training.reports import ReportTail, write_result
 from .channel import (
     PilotGone,
     PilotPreempted,
@@ -615,9 +615,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 "fragment_lost", task=fragment.task, generation=fragment.generation, code=item.code
             )
             outcome = {"status": "lost", "samples": 0}
-            tmp = fragment.result.with_suffix(".tmp")
-            tmp.write_text(json.dumps(outcome))
-            tmp.replace(fragment.result)
+            write_result(fragment.result, outcome)
         else:
             self.event_log.emit("fragment_stopped", task=fragment.task, samples=outcome["samples"])
         return self.controller.fragment_ended(

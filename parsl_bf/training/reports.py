@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReportSink", "ReportTail", "read_reports", "ScalingProfiler"]
+__all__ = ["ReportSink", "ReportTail", "read_reports", "write_result", "ScalingProfiler"]
 
 
 class ReportSink:
@@ -34,6 +34,14 @@ class ReportSink:
         line = json.dumps({"t": time.time(), "event": event, **fields}) + "\n"
         with self.path.open("a") as f:
             f.write(line)
+
+
+def write_result(path: Path, outcome: dict[str, Any]) -> None:
+    """Write a fragment's result file at once (a successor waiting on it never sees half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(outcome))
+    tmp.replace(path)
 
 
 def read_reports(path: str | Path) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from .checkpoint import CheckpointError
 from .rendezvous import join
-from .reports import ReportSink
+from .reports import ReportSink, write_result
 from .trainer import ElasticTrainer, TrainingInputError, TrainingTask, TrainOutcome
 
 __all__ = ["main", "load_task"]
@@ -190,10 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         MPI.COMM_WORLD.Abort(1)
         raise
     if comm.rank == 0 and args.result:
-        args.result.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.result.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(outcome)))
-        tmp.replace(args.result)
+        write_result(args.result, asdict(outcome))
     return 0
 
 
