@@ -46,7 +46,17 @@ def _validate(args: argparse.Namespace) -> int:
         else e.label
         for e in config.executors
     )
-    print(f"{args.config}: ok: executors {labels}; allocator {allocator.model_dump(mode='json')}")
+    # The allocator settings matter only to executors that take them (a BackfillExecutor).
+    uses_allocator = any(hasattr(e, "apply_allocator_settings") for e in config.executors)
+    summary = f"{args.config}: ok: executors {labels}"
+    if uses_allocator:
+        summary += f"; allocator {allocator.model_dump(mode='json')}"
+    print(summary)
+    if not uses_allocator and allocator.model_fields_set:  # an allocator: section set keys
+        print(
+            f"{args.config}: note: the allocator section has no effect: no executor takes it "
+            "(only a BackfillExecutor does)"
+        )
     return 0
 
 

@@ -17,26 +17,31 @@ A config file describes executors, providers and launchers as objects with a ``t
       tfwd: auto
     retries: 1
 
-``${VAR}`` takes an environment variable. Every mistake is reported as
-``file:line path: message`` (an unknown key, a wrong type, an unknown class, an unset
-variable), never as a traceback. ``allocator`` holds the elastic allocator's settings, kept on
-the returned config as ``config.parsl_bf_allocator`` for the backfill executor.
+``${VAR}`` takes an environment variable. A value for a parameter whose annotation includes
+``pathlib.Path`` (e.g. the provider's ``trace``) is a path: ``~`` is expanded, a relative path
+is relative to the YAML file's directory (not the working directory), and it must exist. Every
+mistake is reported as ``file:line path: message`` (an unknown key, a wrong type, an unknown
+class, an unset variable, a missing file, a value out of range), never as a traceback.
+``allocator`` holds the elastic allocator's settings, kept on the returned config as
+``config.parsl_bf_allocator`` for the backfill executor.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import re
 import typing
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .allocation import Objective
+from .providers.base import SettingError
 
 __all__ = ["ConfigError", "AllocatorSettings", "load_config", "validate_config"]
 
@@ -55,6 +60,7 @@ _MODULES = (
 # Top-level keys passed to parsl.config.Config as they are.
 _CONFIG_KEYS = (
     "retries",
+    "retry_handler",
     "run_dir",
     "strategy",
     "strategy_period",
@@ -73,7 +79,8 @@ class ConfigError(ValueError):
 class AllocatorSettings(BaseModel):
     """The elastic allocator's settings (``allocator:`` in the YAML)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: ``time_limit: .nan`` passes ``gt=0`` (nan fails no comparison).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     objective: Objective = Field(
         Objective.THROUGHPUT,
@@ -93,6 +100,23 @@ class AllocatorSettings(BaseModel):
         ge=1,
         description="Training steps between checkpoints (bounds what a preemption can lose).",
     )
+
+    @field_validator("tfwd", mode="before")
+    @classmethod
+    def _tfwd(cls, value: Any) -> Any:
+        """``"auto"`` or a positive, finite number of seconds (a string from ``${VAR}`` too)."""
+        if value == "auto":
+            return value
+        expected = f'expected "auto" or a positive number of seconds, got {value!r}'
+        if isinstance(value, bool):  # an int to Python, but ``tfwd: true`` is a mistake
+            raise ValueError(expected)
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(expected) from None
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(expected)
+        return seconds
 
 
 class _Located:
@@ -181,6 +205,29 @@ def _typed(hint: Any, value: Any) -> tuple[bool, Any]:
     return False, value
 
 
+def _is_path(hint: Any) -> bool:
+    """Whether an annotation admits a ``pathlib`` path (``Path``, ``str | Path | None``, ...)."""
+    if inspect.isclass(hint) and issubclass(hint, PurePath):
+        return True
+    return any(_is_path(arg) for arg in typing.get_args(hint))
+
+
+def _path(doc: _Located, value: str, at: tuple) -> Path:
+    """``value`` as an existing absolute path: ``~`` expanded, relative to the YAML file."""
+    try:
+        given = Path(value).expanduser()
+    except RuntimeError as exc:  # ~user with no such user
+        raise doc.error(at, str(exc)) from None
+    # ``..`` taken lexically, like the shell's cd: ``../data`` beside the file, whatever the cwd.
+    path = (
+        given if given.is_absolute() else Path(os.path.normpath(doc.path.absolute().parent / given))
+    )
+    if not path.exists():
+        relative = "" if given.is_absolute() else " (relative to the file)"
+        raise doc.error(at, f"no such file or directory: {path}{relative}")
+    return path
+
+
 def _name(hint: Any) -> str:
     if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
         return hint.__name__
@@ -207,12 +254,16 @@ def _build(doc: _Located, value: Any, at: tuple) -> Any:
     built = {k: _build(doc, v, (*at, k)) for k, v in kwargs.items()}
     hints = _hints(cls)
     for key, v in built.items():
+        if key in hints and isinstance(v, str) and _is_path(hints[key]):
+            v = built[key] = _path(doc, v, (*at, key))
         if key in hints:
             ok, built[key] = _typed(hints[key], v)
             if not ok:
                 raise doc.error((*at, key), f"expected {_name(hints[key])}, got {v!r}")
     try:
         return cls(**built)
+    except SettingError as exc:  # one argument at fault: point at its own line
+        raise doc.error((*at, exc.field), exc.message) from None
     except Exception as exc:  # the class's own checks (typeguard, ValueError, ...)
         raise doc.error(at, f"{cls.__name__}: {exc}".splitlines()[0]) from None
 
@@ -237,7 +288,13 @@ def validate_config(path: str | Path) -> tuple[Any, AllocatorSettings]:
         allocator = AllocatorSettings.model_validate(data.get("allocator") or {})
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise doc.error(("allocator", *err["loc"]), err["msg"]) from None
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(AllocatorSettings.model_fields)
+            message = f"unknown key for allocator (allowed: {allowed})"
+        elif err["type"] == "value_error":  # our validators' words, without pydantic's prefix
+            message = str(err["ctx"]["error"])
+        raise doc.error(("allocator", *err["loc"]), message) from None
     executors = _build(doc, data["executors"], ("executors",))
     extra = {k: _build(doc, data[k], (k,)) for k in _CONFIG_KEYS if k in data}
     try:

@@ -24,7 +24,16 @@ from parsl.providers.base import ExecutionProvider
 from parsl.providers.errors import SubmitException
 from parsl.utils import RepresentationMixin
 
-from .base import Pilot, SchedulerError, parse_walltime
+from .base import (
+    Pilot,
+    SchedulerError,
+    SettingError,
+    check_blocks,
+    check_count,
+    check_number,
+    check_walltimes,
+    python_bin,
+)
 from .sizing import Hole, PilotRequest, size_pilot
 
 __all__ = ["BatchBackfillProvider"]
@@ -97,15 +106,24 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
         cmd_timeout: float,
         status_polling_interval: int,
     ) -> None:
-        if not 1 <= min_nodes <= max_nodes:
-            raise ValueError(f"need 1 <= min_nodes ({min_nodes}) <= max_nodes ({max_nodes})")
+        # Each check raises SettingError naming the argument, so that a YAML config's error
+        # points at that key's line.
+        check_count("min_nodes", min_nodes)
+        if check_count("max_nodes", max_nodes) < min_nodes:
+            raise SettingError("min_nodes", f"{min_nodes} is more than max_nodes ({max_nodes})")
+        walltimes = check_walltimes(min_walltime, max_walltime)
+        check_number("hole_margin_s", hole_margin_s, at_least=0)
+        check_count("signal_lead_s", signal_lead_s, 0)
+        check_number("exit_wait_s", exit_wait_s, at_least=0)
+        check_number("pending_timeout_s", pending_timeout_s, above=0)
+        check_blocks(init_blocks, min_blocks, max_blocks)
+        check_number("parallelism", parallelism, at_least=0, at_most=1)
+        check_number("cmd_timeout", cmd_timeout, above=0)
+        check_count("status_polling_interval", status_polling_interval)
         self._label = label
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
         self.min_walltime, self.max_walltime = min_walltime, max_walltime
-        self.min_walltime_s = parse_walltime(min_walltime)
-        self.max_walltime_s = parse_walltime(max_walltime)
-        if not 0 < self.min_walltime_s <= self.max_walltime_s:
-            raise ValueError(f"need 0 < min_walltime ({min_walltime}) <= max_walltime")
+        self.min_walltime_s, self.max_walltime_s = walltimes
         self.hole_margin_s, self.signal_lead_s = hole_margin_s, signal_lead_s
         self.exit_wait_s, self.pending_timeout_s = exit_wait_s, pending_timeout_s
         self.launcher, self.worker_init = launcher, worker_init
@@ -193,6 +211,7 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
 {self._directives(job, request, out, err)}
 {self.scheduler_options}
 # parsl-bf pilot {job.pilot.job_id}: {request.nodes} node(s) for {wall} s, sized to a hole.
+export PATH={shlex.quote(python_bin())}:$PATH
 {self.worker_init}
 export PARSL_BF_JOB_ID={shlex.quote(job.pilot.job_id)}
 export PARSL_BF_NODES=$({self._node_list()})

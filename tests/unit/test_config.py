@@ -10,12 +10,17 @@ import pytest
 from parsl.config import Config
 
 import parsl_bf
+from parsl_bf.cli import main
 from parsl_bf.config import ConfigError, validate_config
 from parsl_bf.executor import BackfillExecutor
-from parsl_bf.providers import LocalBackfillProvider
+from parsl_bf.providers import LocalBackfillProvider, PBSProBackfillProvider, SlurmBackfillProvider
+from parsl_bf.providers.base import SettingError
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCAL = (ROOT / "configs" / "local.yaml").read_text()
+TRACE = ROOT / "tests" / "data" / "trace64"
+SHIPPED_TRACE = "trace: ../tests/data/trace64"
+# configs/local.yaml with the trace as an absolute path, to be written anywhere.
+LOCAL = (ROOT / "configs" / "local.yaml").read_text().replace(SHIPPED_TRACE, f"trace: {TRACE}")
 
 
 def test_shipped_local_config_builds_parsl_objects() -> None:
@@ -94,10 +99,76 @@ def _line_of(text: str, needle: str) -> int:
             "UNSET_FOR_SURE is not set",
         ),
         ("grace_s: 5", "grace_s: [5", "grace_s: [5", "", "not valid YAML"),
+        (  # a relative path is relative to the YAML file, here in tmp_path
+            f"trace: {TRACE}",
+            "trace: no-such-trace",
+            "no-such-trace",
+            "executors[0].provider.trace",
+            "no such file or directory: {tmp}/no-such-trace (relative to the file)",
+        ),
+        (
+            "nodes: 64",
+            "nodes: -3",
+            "nodes: -3",
+            "executors[0].provider.nodes",
+            "must be at least 1, got -3",
+        ),
+        (
+            "time_scale: 30",
+            "time_scale: -30",
+            "time_scale: -30",
+            "executors[0].provider.time_scale",
+            "must be more than 0, got -30",
+        ),
+        (
+            "grace_s: 5",
+            "grace_s: .nan",
+            "grace_s: .nan",
+            "executors[0].provider.grace_s",
+            "must be a finite number, got nan",
+        ),
+        (
+            "max_blocks: 3",
+            "max_blocks: 3\n      min_blocks: 4",
+            "min_blocks: 4",
+            "executors[0].provider.min_blocks",
+            "4 is more than max_blocks (3)",
+        ),
+        (
+            'min_walltime: "00:00:20"',
+            'min_walltime: "00:40:00"',
+            "min_walltime",
+            "executors[0].provider.min_walltime",
+            "'00:40:00' is longer than max_walltime ('00:30:00')",
+        ),
+        (
+            "objective: throughput",
+            "objectiv: throughput",
+            "objectiv:",
+            "allocator.objectiv",
+            "unknown key for allocator "
+            "(allowed: objective, tfwd, time_limit, max_tasks, checkpoint_every)",
+        ),
+        (
+            "tfwd: auto",
+            "tfwd: soon",
+            "tfwd: soon",
+            "allocator.tfwd",
+            "expected \"auto\" or a positive number of seconds, got 'soon'",
+        ),
+        (
+            "time_limit: 10",
+            "time_limit: .inf",
+            "time_limit",
+            "allocator.time_limit",
+            "Input should be a finite number",
+        ),
     ],
 )
 def test_mistakes_name_file_line_and_path(tmp_path, old, new, needle, where, message) -> None:
     text = LOCAL.replace(old, new)
+    assert text != LOCAL
+    message = message.replace("{tmp}", str(tmp_path))
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
@@ -122,3 +193,156 @@ def test_validate_command(tmp_path) -> None:
     )
     assert bad.returncode == 2
     assert f"c.yaml:{_line_of(LOCAL, 'max_blocks')} executors[0].provider.max_blocks" in bad.stderr
+
+
+def test_every_unknown_key_error_lists_the_allowed_keys(tmp_path) -> None:
+    for old, new in [("nodes: 64", "nodez: 64"), ("retries: 2", "retry: 2"), ("tfwd:", "tfwdd:")]:
+        (tmp_path / "c.yaml").write_text(LOCAL.replace(old, new))
+        with pytest.raises(ConfigError, match=r"unknown key.*\(allowed: [a-z_]+, [a-z_]+"):
+            validate_config(tmp_path / "c.yaml")
+
+
+def test_shipped_local_config_works_from_any_directory(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # tests/data/trace64 does not exist from here
+    config, _ = validate_config(ROOT / "configs" / "local.yaml")
+    trace = Path(parsl_bf.load_config(ROOT / "configs" / "local.yaml").executors[0].provider.trace)
+    assert trace.is_absolute() and trace == TRACE and (trace / "nodes.csv").is_file()
+    assert Path(config.executors[0].provider.trace) == TRACE
+    # A relative config path is taken from the working directory, its paths from the file.
+    monkeypatch.chdir(ROOT / "tests")
+    config, _ = validate_config("../configs/local.yaml")
+    assert Path(config.executors[0].provider.trace) == TRACE
+
+
+def test_paths_expand_variables_and_home(tmp_path, monkeypatch) -> None:
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "t64").symlink_to(TRACE)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("TRACES", "~/traces")
+    elsewhere = tmp_path / "configs"
+    elsewhere.mkdir()
+    (elsewhere / "c.yaml").write_text(LOCAL.replace(f"trace: {TRACE}", "trace: ${TRACES}/t64"))
+    config, _ = validate_config(elsewhere / "c.yaml")
+    assert config.executors[0].provider.trace == tmp_path / "traces" / "t64"
+
+
+def test_a_trace_directory_needs_its_files(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    text = LOCAL.replace(f"trace: {TRACE}", "trace: empty")
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        validate_config(tmp_path / "c.yaml")
+    assert str(info.value).startswith(
+        f"{tmp_path / 'c.yaml'}:{_line_of(text, 'trace: empty')} executors[0].provider.trace: "
+    )
+    assert "is not a trace directory: no nodes.csv, events.csv.gz" in str(info.value)
+
+
+def test_node_offset_past_the_trace(tmp_path) -> None:
+    text = LOCAL.replace("node_offset: 0", "node_offset: 64")
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        validate_config(tmp_path / "c.yaml")
+    where = f"{_line_of(text, 'node_offset: 64')} executors[0].provider.node_offset: "
+    assert f"c.yaml:{where}64 is past the trace's 64 nodes" in str(info.value)
+
+
+def test_batch_provider_settings_point_at_their_line(tmp_path) -> None:
+    text = (ROOT / "configs" / "htex-slurm-backfill.yaml").read_text()
+    assert "min_nodes: 1" in text
+    text = text.replace("min_nodes: 1", "min_nodes: 1\n      cmd_timeout: 0")
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        validate_config(tmp_path / "c.yaml")
+    where = f"c.yaml:{_line_of(text, 'cmd_timeout')} executors[0].provider.cmd_timeout: "
+    assert f"{where}must be more than 0, got 0" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "message"),
+    [
+        (lambda t: LocalBackfillProvider(trace=t / "missing"), "trace", "no such directory"),
+        (lambda t: LocalBackfillProvider(nodes=2, min_nodes=3), "min_nodes", "more than nodes"),
+        (lambda t: LocalBackfillProvider(poll_s=0), "poll_s", "must be more than 0"),
+        (lambda t: LocalBackfillProvider(max_walltime="soon"), "max_walltime", "not a walltime"),
+        (lambda t: LocalBackfillProvider(parallelism=2), "parallelism", "at most 1"),
+        (lambda t: SlurmBackfillProvider(max_nodes=0), "max_nodes", "at least 1"),
+        (lambda t: SlurmBackfillProvider(min_nodes=5), "min_nodes", "more than max_nodes (4)"),
+        (lambda t: SlurmBackfillProvider(max_blocks=0), "max_blocks", "at least 1"),
+        (lambda t: SlurmBackfillProvider(init_blocks=5), "init_blocks", "more than max_blocks"),
+        (lambda t: SlurmBackfillProvider(signal_lead_s=-1), "signal_lead_s", "at least 0"),
+        (lambda t: PBSProBackfillProvider(cpus_per_node=0), "cpus_per_node", "at least 1"),
+        (
+            lambda t: PBSProBackfillProvider(min_walltime="02:00:00"),
+            "min_walltime",
+            "longer than max_walltime",
+        ),
+    ],
+)
+def test_python_configs_get_the_constructor_checks(tmp_path, make, field, message) -> None:
+    with pytest.raises(SettingError) as info:
+        make(tmp_path)
+    assert info.value.field == field and message in info.value.message
+    assert str(info.value).startswith(f"{field}: ")
+
+
+def test_validate_prints_the_allocator_only_for_a_backfill_executor(tmp_path, capsys) -> None:
+    assert main(["validate", str(ROOT / "configs" / "local.yaml")]) == 0
+    assert "; allocator {'objective': 'throughput'" in capsys.readouterr().out
+    htex = (
+        "executors:\n"
+        "  - type: HighThroughputExecutor\n"
+        "    label: htex\n"
+        "    provider:\n"
+        "      type: LocalBackfillProvider\n"
+        "      nodes: 2\n"
+    )
+    (tmp_path / "plain.yaml").write_text(htex)
+    assert main(["validate", str(tmp_path / "plain.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        f"{tmp_path / 'plain.yaml'}: ok: executors htex "
+        "(HighThroughputExecutor on LocalBackfillProvider)\n"
+    )
+    (tmp_path / "extra.yaml").write_text(htex + "allocator:\n  tfwd: 600\n")
+    assert main(["validate", str(tmp_path / "extra.yaml")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "allocator {" not in lines[0]
+    assert lines[1] == (
+        f"{tmp_path / 'extra.yaml'}: note: the allocator section has no effect: no executor "
+        "takes it (only a BackfillExecutor does)"
+    )
+
+
+def test_validate_command_reports_a_range_error_on_its_line(tmp_path, capsys) -> None:
+    (tmp_path / "c.yaml").write_text(LOCAL.replace("nodes: 64", "nodes: -3"))
+    assert main(["validate", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"parsl-bf validate: error: {tmp_path / 'c.yaml'}:{_line_of(LOCAL, 'nodes: 64')} "
+        "executors[0].provider.nodes: must be at least 1, got -3\n"
+    )
+
+
+def test_readme_snippet_is_the_shipped_htex_config() -> None:
+    """The README's "add the provider" snippet builds, with the same fault settings as
+    configs/htex-slurm-backfill.yaml (the one the loopback Slurm test runs)."""
+    import re
+
+    from parsl_bf.providers import BackfillErrorHandler, PreemptionRetries
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Add the provider to your existing Parsl workflow") :]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    scope: dict = {}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    ours = scope["config"]
+    shipped = parsl_bf.load_config(ROOT / "configs" / "htex-slurm-backfill.yaml")
+    for config in (ours, shipped):
+        (executor,) = config.executors
+        assert isinstance(executor.block_error_handler, BackfillErrorHandler)
+        assert isinstance(config.retry_handler, PreemptionRetries) and config.retries >= 1
+    a, b = ours.executors[0], shipped.executors[0]
+    for key in ("heartbeat_period", "heartbeat_threshold"):
+        assert getattr(a, key) == getattr(b, key)
+    assert type(a.provider) is type(b.provider) and a.provider.partition == b.provider.partition

@@ -31,7 +31,15 @@ from parsl.providers.base import ExecutionProvider
 from parsl.utils import RepresentationMixin
 
 from ...replay.trace import IdleTrace, load_trace
-from ..base import Pilot, parse_walltime
+from ..base import (
+    Pilot,
+    SettingError,
+    check_blocks,
+    check_count,
+    check_number,
+    check_walltimes,
+    python_bin,
+)
 from ..sizing import Hole, size_pilot
 from .emulation import NodeStates, synthetic_trace
 
@@ -82,8 +90,9 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
     ----------
     nodes : int
         Emulated nodes (default: this machine's cores).
-    trace : str or None
-        Trace directory (bftrainer-dev format); None for a synthetic idle/busy cycle.
+    trace : str, Path or None
+        Trace directory (bftrainer-dev format: ``nodes.csv``, ``events.csv.gz``); None for a
+        synthetic idle/busy cycle. In a YAML config a relative path is relative to the file.
     node_offset : int
         First node of the trace to use, by ``col_index``.
     trace_start : float
@@ -111,7 +120,7 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
     def __init__(
         self,
         nodes: int | None = None,
-        trace: str | None = None,
+        trace: str | Path | None = None,
         node_offset: int = 0,
         trace_start: float = 0.0,
         time_scale: float = 120.0,
@@ -131,17 +140,51 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         parallelism: float = 1.0,
         poll_s: float = 0.1,
     ) -> None:
+        # Every check raises SettingError naming the argument (the YAML loader points at its
+        # line), here rather than at the first submit(): a bad value there would fail in the
+        # emulation thread, and the workflow would wait for pilots that never start.
         self._label = "local-backfill"
-        self.nodes = nodes or os.cpu_count() or 1
+        self.nodes = (os.cpu_count() or 1) if nodes is None else check_count("nodes", nodes)
+        check_count("node_offset", node_offset, 0)
+        if trace is not None:
+            trace = os.path.expanduser(trace) if isinstance(trace, str) else trace.expanduser()
+            where = Path(trace)
+            if not where.is_dir():
+                cwd = "" if where.is_absolute() else f" (relative to {Path.cwd()})"
+                raise SettingError("trace", f"no such directory: {str(trace)!r}{cwd}")
+            missing = [n for n in ("nodes.csv", "events.csv.gz") if not (where / n).is_file()]
+            if missing:
+                raise SettingError(
+                    "trace", f"{str(trace)!r} is not a trace directory: no {', '.join(missing)}"
+                )
+            with (where / "nodes.csv").open() as f:
+                n_trace = sum(1 for line in f if line.strip()) - 1  # less the header
+            if node_offset >= n_trace:
+                raise SettingError(
+                    "node_offset", f"{node_offset} is past the trace's {n_trace} nodes"
+                )
+        check_number("trace_start", trace_start, at_least=0)
+        check_number("time_scale", time_scale, above=0)
+        check_number("idle_s", idle_s, above=0)  # never idle: no pilot would ever start
+        check_number("busy_s", busy_s, at_least=0)
+        check_count("min_nodes", min_nodes)
+        if min_nodes > self.nodes:
+            raise SettingError(
+                "min_nodes", f"{min_nodes} is more than nodes ({self.nodes}): no pilot could start"
+            )
+        if max_nodes is not None and check_count("max_nodes", max_nodes) < min_nodes:
+            raise SettingError("min_nodes", f"{min_nodes} is more than max_nodes ({max_nodes})")
+        walltimes = check_walltimes(min_walltime, max_walltime)
+        check_number("grace_s", grace_s, at_least=0)
+        check_blocks(init_blocks, min_blocks, max_blocks)
+        check_number("parallelism", parallelism, at_least=0, at_most=1)
+        check_number("poll_s", poll_s, above=0)
         # Parsl's RepresentationMixin (repr in logs) needs each argument as an attribute.
         self.trace, self.node_offset, self.trace_start = trace, node_offset, trace_start
         self.time_scale, self.idle_s, self.busy_s = time_scale, idle_s, busy_s
         self.min_nodes, self.max_nodes = min_nodes, max_nodes or self.nodes
-        if not 1 <= self.min_nodes <= self.max_nodes:
-            raise ValueError(f"need 1 <= min_nodes ({min_nodes}) <= max_nodes ({max_nodes})")
         self.min_walltime, self.max_walltime = min_walltime, max_walltime
-        self.min_walltime_s = parse_walltime(min_walltime)
-        self.max_walltime_s = parse_walltime(max_walltime)
+        self.min_walltime_s, self.max_walltime_s = walltimes
         self.grace_s, self.poll_s = grace_s, poll_s
         self.known_holes = known_holes
         self.launcher, self.worker_init = launcher or SingleNodeLauncher(), worker_init
@@ -261,6 +304,7 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         job.err = directory / f"{pilot.job_id}.stderr"
         env = {
             **os.environ,
+            "PATH": os.pathsep.join(p for p in (python_bin(), os.environ.get("PATH")) if p),
             "PARSL_BF_NODES": ",".join(nodes),
             "PARSL_BF_PILOT_END": f"{pilot.ends_at:.3f}",
             "PARSL_BF_JOB_ID": pilot.job_id,

@@ -22,7 +22,7 @@ from parsl.jobs.states import JobState
 from parsl.launchers import MpiRunLauncher
 from parsl.launchers.base import Launcher
 
-from ..base import Pilot, parse_walltime
+from ..base import Pilot, check_count, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import Hole, PilotRequest
 from . import commands
@@ -195,8 +195,7 @@ class PBSProBackfillProvider(BatchBackfillProvider):
         cmd_timeout: float = 30.0,
         status_polling_interval: int = 5,
     ) -> None:
-        if cpus_per_node < 1:
-            raise ValueError(f"need cpus_per_node >= 1, got {cpus_per_node}")
+        check_count("cpus_per_node", cpus_per_node)
         settings = shared_settings(locals())
         super().__init__(
             label="pbspro-backfill", **settings | {"launcher": launcher or MpiRunLauncher()}
