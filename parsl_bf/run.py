@@ -391,7 +391,7 @@ def _report_dir(option: str | None, summary: dict[str, Any] | None, workflow: Pa
 
 
 def _latest_run(snapshots: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The snapshots of the newest run (one per BackfillExecutor: ``<run>/<label>/status.json``)."""
+    """The snapshots of the newest run (one per executor: ``<run>/<label>/status.json``)."""
     newest = Path(snapshots[0]["path"]).parent.parent
     return [s for s in snapshots if Path(s["path"]).parent.parent == newest]
 
@@ -406,15 +406,22 @@ def _status_tables(snapshot: dict[str, Any]) -> list[Any]:
     head.add_column("value")
     last = snapshot.get("last_solve_s")
     p50 = snapshot.get("decision_p50_s")
-    for key, value in (
-        ("updated", age),
-        ("solves", snapshot.get("solves")),
-        ("last solve", "-" if last is None else f"{last:.3f} s"),
-        ("decisions", snapshot.get("decisions")),
-        ("decision p50", "-" if p50 is None else f"{p50:.3f} s"),
-        ("preemptions", snapshot.get("preemptions")),
-        ("plain tasks", " ".join(f"{k} {v}" for k, v in (snapshot.get("plain") or {}).items())),
-    ):
+    rows: list[tuple[str, Any]] = [("updated", age)]
+    if "solves" in snapshot:  # a BackfillExecutor's decisions
+        rows += [
+            ("solves", snapshot.get("solves")),
+            ("last solve", "-" if last is None else f"{last:.3f} s"),
+            ("decisions", snapshot.get("decisions")),
+            ("decision p50", "-" if p50 is None else f"{p50:.3f} s"),
+        ]
+    else:
+        rows.append(("executor", snapshot.get("kind", "?")))
+    rows.append(("preemptions", snapshot.get("preemptions")))
+    if "plain" in snapshot:
+        rows.append(("plain tasks", " ".join(f"{k} {v}" for k, v in snapshot["plain"].items())))
+    if "failed_blocks" in snapshot:
+        rows.append(("failed blocks", snapshot["failed_blocks"]))
+    for key, value in rows:
         head.add_row(key, str(value))
     pilots = Table(title="pilots")
     for column in ("pilot", "nodes", "ends in", "leaving"):
@@ -427,6 +434,22 @@ def _status_tables(snapshot: dict[str, Any]) -> list[Any]:
             "-" if ends is None else f"{ends} s",
             "yes" if p.get("leaving") else "",
         )
+    blocks = Table(title="blocks")
+    for column in ("block", "job", "state", "outcome", "why"):
+        blocks.add_column(column)
+    for b in snapshot.get("blocks") or []:
+        blocks.add_row(
+            str(b.get("block")),
+            str(b.get("job") or "-"),
+            str(b.get("state")),
+            str(b.get("outcome")),
+            str(b.get("message") or b.get("reason") or ""),
+        )
+    tables = [head, pilots]
+    if snapshot.get("blocks"):
+        tables.append(blocks)
+    if "tasks" not in snapshot:  # a stock executor: Parsl tracks its tasks
+        return tables
     tasks = Table(title="tasks")
     for column in ("task", "state", "nodes", "samples", "work", "samples/s"):
         tasks.add_column(column, justify="left" if column in ("task", "state") else "right")
@@ -440,7 +463,7 @@ def _status_tables(snapshot: dict[str, Any]) -> list[Any]:
             str(t.get("work")),
             "-" if rate is None else f"{rate:.1f}",
         )
-    return [head, pilots, tasks]
+    return [*tables, tasks]
 
 
 def show_status(args: argparse.Namespace) -> int:
@@ -454,7 +477,10 @@ def show_status(args: argparse.Namespace) -> int:
         print(f"parsl-bf status: error: {exc}", file=sys.stderr)
         return 1
     if not snapshots:
-        print(f"no BackfillExecutor status found under {args.run_dir}")
+        print(
+            f"no executor status found under {args.run_dir} (written by a BackfillExecutor, or "
+            "by an executor whose block_error_handler is a BackfillErrorHandler)"
+        )
         return 1
     console = Console()
     for snapshot in _latest_run(snapshots):
@@ -490,8 +516,10 @@ def add_parsers(sub: Any) -> None:
     run.set_defaults(func=run_workflow, workflow_args=[])
     status = sub.add_parser(
         "status",
-        help="show a running BackfillExecutor's status",
-        description="Print the latest BackfillExecutor status snapshots under RUN_DIR.",
+        help="show a run's pilots, blocks, preemptions (and a BackfillExecutor's tasks)",
+        description="Print the latest executor status snapshots under RUN_DIR: those of a "
+        "BackfillExecutor, or of an executor whose block_error_handler is a "
+        "BackfillErrorHandler (e.g. a stock HighThroughputExecutor on backfill pilots).",
     )
     status.add_argument(
         "run_dir", nargs="?", default="runinfo", help="Parsl run directory (default runinfo)"

@@ -22,16 +22,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parsl.executors.errors import BadStateException
 from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.monitoring.radios.base import RadioConfig
 from parsl.monitoring.radios.filesystem import FilesystemRadio
@@ -39,6 +42,7 @@ from parsl.providers.base import ExecutionProvider
 from parsl.serialize import pack_apply_message
 from parsl.utils import RepresentationMixin
 
+from ..providers.base import SettingError
 from ..training.reports import ReportTail, write_result
 from .channel import (
     PilotGone,
@@ -141,10 +145,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         emulation and the loopback cluster run every rank on this machine).
     address : str
         Where pilots reach the executor.
-    block_error_handler, remote_monitoring_radio
+    block_error_handler : bool or callable
+        As for Parsl's executors; True (the default) is a
+        :class:`~parsl_bf.providers.BackfillErrorHandler`: preempted and walltime-ended pilots
+        are not failures, three failed pilot starts in a row fail every outstanding task.
+    remote_monitoring_radio
         As for Parsl's executors; monitoring messages of apps travel through the shared file
         system by default (``FilesystemRadio``).
     """
+
+    #: The executor writes its own ``status.json`` (with the error handler's blocks in it).
+    writes_status = True
 
     def __init__(
         self,
@@ -163,17 +174,23 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         mpiexec: str | None = None,
         mpi_hosts: bool = False,
         address: str = "127.0.0.1",
-        block_error_handler: bool = True,
+        block_error_handler: bool | Callable = True,
         remote_monitoring_radio: RadioConfig | None = None,
     ) -> None:
-        if provider is None:
-            from ..providers import LocalBackfillProvider
+        from ..providers import BackfillErrorHandler, LocalBackfillProvider
 
+        if provider is None:
             provider = LocalBackfillProvider()
+        if block_error_handler is True:
+            block_error_handler = BackfillErrorHandler()
         super().__init__(provider=provider, block_error_handler=block_error_handler)
         self.label = label
         # Apps run in processes on the pilots, which share the run directory's file system.
         self.remote_monitoring_radio = remote_monitoring_radio or FilesystemRadio()
+        if tfwd != "auto" and not _positive_seconds(tfwd):
+            raise SettingError(
+                "tfwd", f'expected "auto" or a positive number of seconds, got {tfwd!r}'
+            )
         self.objective, self.tfwd, self.time_limit = objective, tfwd, time_limit
         self.max_tasks, self.checkpoint_every = max_tasks, checkpoint_every
         self.min_node_life_s = min_node_life_s
@@ -263,7 +280,19 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         with self._lock:
             return self.controller.outstanding_nodes()
 
+    def set_bad_state_and_fail_all(self, exception: Exception) -> None:
+        """Parsl's bad state (pilots cannot start): fail every task not done yet, too. Our
+        futures live outside Parsl's ``self._tasks``, which the base class fails."""
+        super().set_bad_state_and_fail_all(exception)
+        for task_id, sub in list(self._submissions.items()):
+            if not sub.future.done():
+                sub.future.set_exception(BadStateException(self, exception))
+                if self.event_log is not None:
+                    self.event_log.emit("task_failed", task=task_id, error=str(exception))
+
     def submit(self, func, resource_specification: dict[str, Any], *args, **kwargs) -> Future:
+        if self.bad_state_is_set:
+            raise self.executor_exception
         spec = dict(resource_specification or {})
         unknown = set(spec) - ELASTIC_KEYS
         if unknown:
@@ -671,7 +700,24 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 "preemptions": self.preemptions,
                 "accounting": c.efficiency(),
             }
+            | self._block_summary()
         )
+
+    def _block_summary(self) -> dict[str, Any]:
+        """The error handler's view of the blocks (failed starts and why), when it keeps one."""
+        summary = getattr(self.block_error_handler, "summary", None)
+        if summary is None:
+            return {}
+        found = summary(getattr(self.provider, "pilots", None) or {})
+        return {"blocks": found["blocks"], "failed_blocks": found["failed_blocks"]}
+
+
+def _positive_seconds(value: Any) -> bool:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(seconds) and seconds > 0
 
 
 def _last_rate(task: ElasticTask) -> float | None:

@@ -143,7 +143,7 @@ def test_run_needs_a_workflow_with_main(tmp_path: Path) -> None:
 def test_status_without_a_backfill_executor(tmp_path: Path) -> None:
     proc = _run(tmp_path, "status", str(tmp_path))
     assert proc.returncode == 1
-    assert proc.stdout.strip() == f"no BackfillExecutor status found under {tmp_path}"
+    assert proc.stdout.startswith(f"no executor status found under {tmp_path} ")
 
 
 def test_status_shows_the_latest_snapshot(tmp_path: Path) -> None:

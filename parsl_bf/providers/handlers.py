@@ -1,0 +1,283 @@
+"""What a Parsl executor over backfill pilots needs to survive preemption and still fail loudly.
+
+Parsl's default ``block_error_handler`` (``simple_error_handler``) counts every ``FAILED`` or
+``MISSING`` block as a failure and puts the executor in a bad state once all blocks so far
+failed. A stock HighThroughputExecutor reports a pilot that was preempted before its workers
+connected as ``MISSING`` (it rewrites every terminal, never-connected block), so the first
+short hole ends the run. And a preempted pilot's tasks fail with ``ManagerLost``, which spends
+one of each task's ``retries``.
+
+:class:`BackfillErrorHandler` asks the provider why each pilot ended: a pilot ended by the
+scheduler (preempted, or at its walltime) or cancelled by scale-in is not a failure, whatever
+state the executor reports. Real failed starts (the provider could not submit, the pilot exited
+on its own without serving, a bad ``worker_init``) are printed on the console as they happen,
+recorded for ``parsl-bf status``, and after ``threshold`` of them in a row the executor is put
+in Parsl's bad state: it stops asking for pilots and fails its outstanding tasks with the
+pilots' errors.
+
+:class:`PreemptionRetries` is a ``retry_handler`` that charges nothing for a task lost with a
+pilot that the scheduler took back while the task ran, so preemptions do not use up its
+retries (at most ``max_free`` times a task, in case the loss was the task's own doing), and
+does not retry a task of an executor that gave up (its pilots cannot start).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from parsl.executors.errors import BadStateException
+from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
+from parsl.jobs.errors import TooManyJobFailuresError
+from parsl.jobs.states import JobState, JobStatus
+
+from .base import SCHEDULER_ENDS, Pilot
+
+__all__ = [
+    "BackfillErrorHandler",
+    "BlockRecord",
+    "PreemptionRetries",
+    "block_outcome",
+    "failed_in_a_row",
+    "free_retry",
+]
+
+log = logging.getLogger(__name__)
+
+_LIVE = (JobState.PENDING, JobState.RUNNING, JobState.HELD, JobState.UNKNOWN)
+
+
+def block_outcome(state: JobState, pilot: Pilot | None) -> str:
+    """How a block counts: ``"live"`` (not ended yet), ``"ended"`` (ended by the scheduler or
+    by scale-in: neither success nor failure), ``"failed"`` or ``"ok"``.
+
+    ``pilot`` is the provider's record of the block's pilot (None when the provider keeps none,
+    or when the submission itself failed); its ``reason`` overrides the executor's state,
+    which may say ``MISSING`` for a pilot preempted before its workers connected.
+    """
+    if pilot is not None and (pilot.reason in SCHEDULER_ENDS or pilot.reason == "cancelled"):
+        return "ended"
+    if state in (JobState.FAILED, JobState.MISSING):
+        return "failed"
+    if state in _LIVE:
+        return "live"
+    return "ok"
+
+
+@dataclass
+class BlockRecord:
+    """One block as ``parsl-bf status`` shows it."""
+
+    block: str
+    job: str | None
+    state: str
+    outcome: str
+    reason: str = ""
+    message: str = ""
+
+
+def _message(status: JobStatus) -> str:
+    """The status's message and the tail of the pilot's stderr, on one line."""
+    parts = [status.message or ""]
+    if status.exit_code is not None:
+        parts.append(f"exit code {status.exit_code}")
+    try:
+        stderr = status.stderr_summary
+    except OSError:  # the pilot's files are gone
+        stderr = None
+    if stderr and stderr.strip():
+        parts.append("stderr: " + " | ".join(stderr.strip().splitlines()[-3:]))
+    return "; ".join(p for p in parts if p)
+
+
+class BackfillErrorHandler:
+    """A ``block_error_handler`` for executors whose blocks are backfill pilots.
+
+    Parameters
+    ----------
+    threshold : int
+        Failed blocks in a row (blocks ended by the scheduler or by scale-in, and blocks not
+        ended yet, do not count either way) after which the executor gives up: it stops
+        submitting pilots and fails every outstanding task with the blocks' errors.
+    console : bool
+        Print each failed block on stderr as it is seen (Parsl's own log is in the run
+        directory, where a user looking at a silent run does not look).
+    """
+
+    def __init__(self, threshold: int = 3, console: bool = True) -> None:
+        if threshold < 1:
+            raise ValueError(f"threshold must be at least 1 (got {threshold})")
+        self.threshold, self.console = threshold, console
+        #: Every block seen, by block id, as of the last poll.
+        self.blocks: dict[str, BlockRecord] = {}
+        #: Failed blocks already reported (each is printed once).
+        self._reported: set[str] = set()
+        self._written: str | None = None  # the last status file content, not rewritten unchanged
+
+    def __call__(self, executor: Any, status: dict[str, JobStatus]) -> None:
+        provider = getattr(executor, "provider", None)
+        pilots: dict[str, Pilot] = getattr(provider, "pilots", None) or {}
+        for block_id in sorted(status, key=_block_order):
+            js = status[block_id]
+            job_id = executor.blocks_to_job_id.get(block_id)
+            pilot = pilots.get(job_id) if job_id is not None else None
+            outcome = block_outcome(js.state, pilot)
+            record = BlockRecord(
+                block_id,
+                None if job_id is None else str(job_id),
+                js.state.name,
+                outcome,
+                pilot.reason if pilot is not None else "",
+                _message(js) if outcome == "failed" else "",
+            )
+            self.blocks[block_id] = record
+            if outcome == "failed" and block_id not in self._reported:
+                self._reported.add(block_id)
+                log.error("%s: block %s failed: %s", executor.label, block_id, record.message)
+                if self.console:
+                    print(
+                        f"parsl-bf: executor {executor.label}: block {block_id} failed: "
+                        f"{record.message or js.state.name}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        if not getattr(executor, "writes_status", False):
+            self._write_status(executor, pilots)
+        ordered = sorted(self.blocks.values(), key=lambda r: _block_order(r.block))
+        failed = failed_in_a_row(ordered, self.threshold)
+        if failed and not executor.bad_state_is_set:
+            error = self.error(failed)
+            if self.console:
+                print(f"parsl-bf: executor {executor.label}: {error}", file=sys.stderr)
+            executor.set_bad_state_and_fail_all(error)
+
+    def error(self, failed: list[BlockRecord]) -> TooManyJobFailuresError:
+        """The exception the outstanding tasks fail with: every failed block's error."""
+        lines = [f"{len(failed)} backfill pilots in a row failed; giving up:"]
+        lines += [f"block {r.block}: {r.message or r.state}" for r in failed]
+        return TooManyJobFailuresError("\n".join(lines))
+
+    def summary(self, pilots: dict[str, Pilot]) -> dict[str, Any]:
+        """The blocks, pilots and preemptions, as ``parsl-bf status`` reads them."""
+        now = time.time()
+        return {
+            "blocks": [asdict(r) for r in self.blocks.values()],
+            "pilots": [
+                {
+                    "pilot": p.job_id,
+                    "nodes": list(p.nodes),
+                    "ends_in_s": None if p.ends_at is None else round(p.ends_at - now),
+                    "leaving": p.signalled_at is not None,
+                }
+                for p in list(pilots.values())
+                if p.state is JobState.RUNNING
+            ],
+            "preemptions": sum(1 for p in list(pilots.values()) if p.reason == "preempted"),
+            "failed_blocks": sum(1 for r in self.blocks.values() if r.outcome == "failed"),
+        }
+
+    def _write_status(self, executor: Any, pilots: dict[str, Pilot]) -> None:
+        """``<run_dir>/<label>/status.json``, the file ``parsl-bf status`` reads."""
+        run_dir = getattr(executor, "run_dir", None)
+        if not run_dir:
+            return
+        state = {"label": executor.label, "kind": type(executor).__name__}
+        state |= self.summary(pilots)
+        text = json.dumps(state, sort_keys=True)
+        if text == self._written:
+            return
+        path = Path(run_dir) / executor.label / "status.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state | {"updated": time.time()}, indent=1))
+            tmp.replace(path)
+        except OSError as exc:  # a full disk must not stop error handling
+            log.warning("%s: cannot write %s: %s", executor.label, path, exc)
+            return
+        self._written = text
+
+
+def failed_in_a_row(blocks: list[BlockRecord], threshold: int) -> list[BlockRecord]:
+    """The last ``threshold`` blocks (in submission order) that succeeded or failed, if they
+    all failed; else nothing. Blocks not ended yet and blocks the scheduler or scale-in ended
+    count neither way."""
+    counted = [r for r in blocks if r.outcome in ("ok", "failed")]
+    recent = counted[-threshold:]
+    if len(recent) == threshold and all(r.outcome == "failed" for r in recent):
+        return recent
+    return []
+
+
+def _block_order(block_id: str) -> tuple[int, str]:
+    return (int(block_id), "") if block_id.isdigit() else (sys.maxsize, block_id)
+
+
+class PreemptionRetries:
+    """A ``retry_handler`` (``Config(retry_handler=PreemptionRetries(), retries=N)``): a task
+    lost with its pilot while the scheduler took the pilot back costs no retry.
+
+    Parameters
+    ----------
+    max_free : int
+        The most free retries of one task; after that a loss costs 1 as usual (a task that
+        brings its own worker down would otherwise be retried forever).
+    slack_s : float
+        How long before the try's launch a pilot's end still counts (clocks of the submit side
+        and of the scheduler differ a little).
+    """
+
+    def __init__(self, max_free: int = 10, slack_s: float = 5.0) -> None:
+        self.max_free, self.slack_s = max_free, slack_s
+
+    def __call__(self, exception: BaseException, task_record: Any) -> float:
+        if isinstance(exception, BadStateException):
+            return math.inf  # the executor gave up (pilots cannot start): retrying cannot help
+        # fail_count already counts this failure; fail_cost does not yet.
+        free_so_far = task_record["fail_count"] - 1 - task_record["fail_cost"]
+        launched = task_record.get("try_time_launched")
+        try:
+            executor = task_record["dfk"].executors[task_record["executor"]]
+        except (KeyError, AttributeError):
+            return 1.0
+        pilots = getattr(getattr(executor, "provider", None), "pilots", None) or {}
+        free = free_retry(
+            exception,
+            launched.timestamp() if isinstance(launched, datetime.datetime) else None,
+            free_so_far,
+            list(pilots.values()),
+            self.max_free,
+            self.slack_s,
+        )
+        return 0.0 if free else 1.0
+
+
+def free_retry(
+    exception: BaseException,
+    launched_at: float | None,
+    free_so_far: int,
+    pilots: list[Pilot],
+    max_free: int,
+    slack_s: float,
+) -> bool:
+    """Whether a failed try is retried at no cost: it was lost with its worker pool
+    (``ManagerLost``, ``WorkerLost``), a pilot was ended by the scheduler after the try began
+    (``launched_at``, epoch seconds, less ``slack_s``), and the task has had fewer than
+    ``max_free`` free retries."""
+    if not isinstance(exception, ManagerLost | WorkerLost) or launched_at is None:
+        return False
+    if free_so_far >= max_free:
+        return False
+    since = launched_at - slack_s
+    for pilot in pilots:
+        ended_at = pilot.signalled_at or pilot.ends_at
+        if pilot.reason in SCHEDULER_ENDS and ended_at is not None and ended_at >= since:
+            return True
+    return False
