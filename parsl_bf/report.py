@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Sample", "task_rows", "write_report"]
+__all__ = ["Sample", "task_columns", "task_rows", "write_report"]
 
 # Parsl task states, grouped as the progress display shows them.
 STATE_GROUPS = {
@@ -49,20 +49,35 @@ def _options(options: Any) -> str:
     return " ".join(f"{k}={v}" for k, v in options.items())
 
 
+def _training_name(rec: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    """The user's training code for an ``elastic_app`` task (its record's function is always
+    ``train_in_process``): the short name of its ``task`` (``module:function``)."""
+    args = rec.get("args") or ()
+    task = spec.get("task") or (args[0] if args else None)
+    if not isinstance(task, str) or not task:
+        return None
+    return task.rpartition(":")[2] or task
+
+
 def task_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per DFK task record: app, executor, state, tries, time, and for training tasks
-    (``elastic_app`` or its one-rank fallback) the work, options and outcome."""
+    (``elastic_app`` or its one-rank fallback) the work, options and outcome, with the task's
+    own metrics (whatever keys its ``evaluate`` returned) under ``metrics``. An
+    ``elastic_app`` task is named by its training function (``digits_cnn``), not by the
+    ``train_in_process`` wrapper every such task runs."""
     rows = []
     for rec in sorted(records, key=lambda r: r.get("id", 0)):
         spec = rec.get("resource_specification") or {}
         args = rec.get("args") or ()
         work, options = spec.get("work"), spec.get("options")
-        if rec.get("func_name") == "train_in_process" and len(args) >= 3:
+        app = rec.get("func_name")
+        if app == "train_in_process" and len(args) >= 3:
             options, work = args[1], args[2] if work is None else work
+            app = _training_name(rec, spec) or app
         invoked, returned = rec.get("time_invoked"), rec.get("time_returned")
         row: dict[str, Any] = {
             "task": rec.get("id"),
-            "app": rec.get("func_name"),
+            "app": app,
             "executor": rec.get("executor"),
             "state": getattr(rec.get("status"), "name", str(rec.get("status"))),
             "tries": rec.get("try_id", 0) + 1,
@@ -73,7 +88,8 @@ def task_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "options": _options(options),
             "samples": None,
             "world": None,
-            "accuracy": None,
+            "loss": None,
+            "metrics": {},
             "error": None,
         }
         future = rec.get("app_fu")
@@ -84,10 +100,39 @@ def task_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             elif isinstance(result := future.result(), dict):
                 row["samples"] = result.get("samples")
                 row["world"] = result.get("world")
-                metrics = result.get("metrics") or {}
-                row["accuracy"] = metrics.get("accuracy")
+                row["loss"] = result.get("loss")
+                metrics = result.get("metrics")
+                row["metrics"] = dict(metrics) if isinstance(metrics, dict) else {}
         rows.append(row)
     return rows
+
+
+def metric_column(key: str) -> str:
+    """The column of metric ``key``: the key itself, unless a fixed column has that name
+    (``loss`` is the final training loss; an evaluation ``loss`` is ``metrics.loss``)."""
+    return f"metrics.{key}" if key in TASK_COLUMNS or key == "metrics" else key
+
+
+def _before_error(extra: list[str]) -> list[str]:
+    # The error, long, stays last: the metrics sit with the rest of the outcome.
+    return [c for c in TASK_COLUMNS if c != "error"] + extra + ["error"]
+
+
+def task_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The fixed columns, with one per metric key any row carries (in first-seen order)
+    before ``error``."""
+    keys = dict.fromkeys(k for r in rows for k in r.get("metrics") or {})
+    return _before_error([metric_column(k) for k in keys])
+
+
+def _flat_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with each metric in its own column."""
+    metrics = row.get("metrics") or {}
+    return row | {metric_column(k): v for k, v in metrics.items()}
+
+
+def _metrics_text(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_cell(v)}" for k, v in metrics.items())
 
 
 def _cell(value: Any) -> str:
@@ -176,10 +221,14 @@ TASK_COLUMNS = [
     "options",
     "samples",
     "world",
-    "accuracy",
+    "loss",
     "error",
 ]
 MAX_TASK_ROWS = 500
+# More metric keys than this over the tasks (e.g. a sweep of different codes): report.md shows
+# them in one "metrics" column (key=value, …) to stay readable; tasks.csv always has a column
+# per key.
+MAX_METRIC_COLUMNS = 6
 
 
 def _status_section(snapshot: dict[str, Any]) -> list[str]:
@@ -230,7 +279,9 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     sample_columns = [f.name for f in fields(Sample)]
     _write_csv(out / "timeline.csv", [asdict(s) for s in samples], sample_columns)
-    _write_csv(out / "tasks.csv", tasks, TASK_COLUMNS)
+    columns = task_columns(tasks)
+    flat = [_flat_metrics(t) for t in tasks]
+    _write_csv(out / "tasks.csv", flat, columns)
     (out / "summary.json").write_text(
         json.dumps((summary or {}) | {"preemptions": preemptions}, indent=2, default=str)
     )
@@ -259,8 +310,13 @@ def write_report(
         "",
     ]
     if tasks:
-        shown = tasks[:MAX_TASK_ROWS]
-        lines.append(markdown_table(shown, TASK_COLUMNS))
+        if len(columns) - len(TASK_COLUMNS) > MAX_METRIC_COLUMNS:
+            shown = [t | {"metrics": _metrics_text(t.get("metrics") or {})} for t in tasks]
+            columns = _before_error(["metrics"])
+        else:
+            shown = flat
+        shown = shown[:MAX_TASK_ROWS]
+        lines.append(markdown_table(shown, columns))
         if len(tasks) > len(shown):
             lines.append(f"\n({len(tasks) - len(shown)} more in `tasks.csv`)")
     else:

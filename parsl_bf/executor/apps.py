@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parsl.app.app import python_app
 
-__all__ = ["elastic_app", "train_in_process"]
+if TYPE_CHECKING:
+    from .executor import BackfillExecutor
+
+__all__ = ["elastic_app", "node_limit", "train_in_process"]
 
 
 def train_in_process(
@@ -31,15 +34,29 @@ def train_in_process(
     return outcome
 
 
-def _targets(executors: list[str] | str) -> tuple[list[str], list[str] | str]:
-    """Labels of the loaded BackfillExecutors among ``executors``, and the others."""
+def node_limit(executor: BackfillExecutor) -> int:
+    """The most nodes ``executor`` can ever hold at once: ``max_blocks`` pilots of at most
+    ``max_nodes`` nodes each (``nodes_per_block`` for a provider without ``max_nodes``), and
+    no more than the cluster has where the provider knows it (the local emulation's
+    ``nodes``)."""
+    provider = executor.provider
+    per_pilot = getattr(provider, "max_nodes", None) or getattr(provider, "nodes_per_block", 1)
+    limit = max(1, int(getattr(provider, "max_blocks", 1) or 1)) * max(1, int(per_pilot or 1))
+    nodes = getattr(provider, "nodes", None)
+    if isinstance(nodes, int) and nodes > 0:
+        limit = min(limit, nodes)
+    return limit
+
+
+def _targets(executors: list[str] | str) -> tuple[dict[str, BackfillExecutor], list[str]]:
+    """The loaded BackfillExecutors among ``executors`` (label → executor), and the others."""
     import parsl
 
     from .executor import BackfillExecutor
 
     loaded = {k: v for k, v in parsl.dfk().executors.items() if k != "_parsl_internal"}
     wanted = list(loaded) if executors == "all" else list(executors)
-    elastic = [k for k in wanted if isinstance(loaded.get(k), BackfillExecutor)]
+    elastic = {k: loaded[k] for k in wanted if isinstance(loaded.get(k), BackfillExecutor)}
     return elastic, [k for k in wanted if k not in elastic]
 
 
@@ -48,7 +65,7 @@ def elastic_app(
     *,
     work: int,
     min_nodes: int = 1,
-    max_nodes: int = 1,
+    max_nodes: int | None = None,
     scaling: dict[int, float] | None = None,
     rescale_s: float | None = None,
     executors: list[str] | str = "all",
@@ -56,15 +73,29 @@ def elastic_app(
     """An app that trains ``task`` (``module:function`` returning a TrainingTask) for ``work``
     samples on ``min_nodes``..``max_nodes`` nodes, resized by the allocator.
 
-        train = elastic_app("parsl_bf.training.examples:digits_cnn", work=20000, max_nodes=4)
+        train = elastic_app("parsl_bf.training.examples:digits_cnn", work=20000)
         future = train(lr=0.05, width=16)  # the task's options; resolves to the outcome dict
+
+    ``max_nodes=None`` (the default) lets the task grow to as many nodes as the allocator
+    gives it: the bound sent to the BackfillExecutor is the most nodes its provider can hold
+    at once (:func:`node_limit`: ``max_blocks`` × the provider's ``max_nodes``, at most its
+    cluster's ``nodes``; the largest over the target executors, and never below
+    ``min_nodes``). Give ``max_nodes`` to cap it, e.g. where the model stops scaling.
+    ``min_nodes`` > ``max_nodes`` is refused with a ValueError.
 
     ``scaling`` (samples/s per node count) and ``rescale_s`` are optional guesses; measured
     values replace them. When the loaded config has BackfillExecutors among ``executors``, the
     task goes to them; otherwise (e.g. a stock HighThroughputExecutor) it trains on one rank in
     a worker, so a workflow runs unchanged on any config.
     """
-    spec: dict[str, Any] = {"work": work, "min_nodes": min_nodes, "max_nodes": max_nodes}
+    if min_nodes < 1:
+        raise ValueError(f"elastic_app({task!r}): min_nodes must be at least 1, not {min_nodes}")
+    if max_nodes is not None and min_nodes > max_nodes:
+        raise ValueError(
+            f"elastic_app({task!r}): min_nodes ({min_nodes}) > max_nodes ({max_nodes}); "
+            "leave max_nodes out to let the task grow as far as the nodes allow"
+        )
+    spec: dict[str, Any] = {"work": work, "min_nodes": min_nodes}
     if scaling:
         spec["scaling"] = dict(scaling)
     if rescale_s is not None:
@@ -73,8 +104,13 @@ def elastic_app(
     def submit(**options: Any) -> Future:
         elastic, plain = _targets(executors)
         if elastic:
-            app = python_app(train_in_process, executors=elastic)
-            resources = spec | {"task": task, "options": options}
+            # A finite bound always: the executor reads a missing max_nodes as min_nodes, and
+            # the controller's scaling curve and pilot requests need a number.
+            bound = max_nodes
+            if bound is None:
+                bound = max(min_nodes, *(node_limit(e) for e in elastic.values()))
+            app = python_app(train_in_process, executors=list(elastic))
+            resources = spec | {"max_nodes": bound, "task": task, "options": options}
             return app(task, options, work, parsl_resource_specification=resources)
         # Stock executors refuse the elastic resource specification (HTEX takes `priority`).
         return python_app(train_in_process, executors=plain)(task, options, work)
