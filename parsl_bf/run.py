@@ -451,8 +451,10 @@ def _status_tables(snapshot: dict[str, Any]) -> list[Any]:
     if "tasks" not in snapshot:  # a stock executor: Parsl tracks its tasks
         return tables
     tasks = Table(title="tasks")
-    for column in ("task", "state", "nodes", "samples", "work", "samples/s"):
-        tasks.add_column(column, justify="left" if column in ("task", "state") else "right")
+    for column in ("task", "state", "nodes", "samples", "work", "samples/s", "metrics"):
+        tasks.add_column(
+            column, justify="left" if column in ("task", "state", "metrics") else "right"
+        )
     for t in snapshot.get("tasks") or []:
         rate = t.get("rate")
         tasks.add_row(
@@ -462,6 +464,7 @@ def _status_tables(snapshot: dict[str, Any]) -> list[Any]:
             str(t.get("samples")),
             str(t.get("work")),
             "-" if rate is None else f"{rate:.1f}",
+            ", ".join(f"{k}={v:.4g}" for k, v in (t.get("metrics") or {}).items()),
         )
     return [*tables, tasks]
 

@@ -214,6 +214,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         # (task, successor generation) → the warm hand-over waiting for the successor's ranks
         self._handovers: dict[tuple[str, int], _Handover] = {}
         self._reports: dict[str, ReportTail] = {}  # task → its progress.jsonl, read so far
+        self._metrics: dict[str, dict[str, float]] = {}  # task → its latest evaluation
         self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -477,6 +478,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 self.controller.progress(
                     task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"])
                 )
+            elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
+                self._metrics[task_id] = {"samples": r["samples"], **(r.get("metrics") or {})}
             elif r["event"] == "start" and r.get("stopped_at") and r.get("first_step_at"):
                 # From the later of the old fragment's stop and the new one's process start:
                 # time the task waited for nodes is not part of a rescale's cost.
@@ -688,6 +691,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                         "samples": t.samples,
                         "work": t.work,
                         "rate": _last_rate(t),
+                        "metrics": self._metrics.get(t.id),
                     }
                     for t in c.elastic.values()
                 ],

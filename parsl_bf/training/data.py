@@ -8,9 +8,18 @@ is used exactly once, and with a fixed global batch the gradients are the same a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
-__all__ = ["epoch_order", "rank_share", "step_indices", "step_batch"]
+__all__ = [
+    "epoch_order",
+    "rank_share",
+    "step_indices",
+    "step_batch",
+    "step_plan",
+    "total_steps",
+]
 
 
 def epoch_order(seed: int, epoch: int, n_samples: int) -> np.ndarray:
@@ -34,3 +43,26 @@ def step_indices(order: np.ndarray, offset: int, batch: int, world: int, rank: i
 def step_batch(global_batch: int, n_samples: int, offset: int, remaining: int) -> int:
     """Samples in the next step: a global batch, less at an epoch's end or the work's end."""
     return min(global_batch, n_samples - offset, remaining)
+
+
+def step_plan(
+    seed: int, n_samples: int, global_batch: int, start: int, work: int, world: int, rank: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """The steps from ``start`` samples to ``work``: (samples in the global step, this rank's
+    indices). The same sequence feeds the trainer's accounting and its data loader."""
+    samples, order_epoch, order = start, -1, np.empty(0, dtype=np.int64)
+    while samples < work:
+        epoch, offset = divmod(samples, n_samples)
+        if epoch != order_epoch:
+            order_epoch, order = epoch, epoch_order(seed, epoch, n_samples)
+        batch = step_batch(global_batch, n_samples, offset, work - samples)
+        yield batch, step_indices(order, offset, batch, world, rank)
+        samples += batch
+
+
+def total_steps(work: int, n_samples: int, global_batch: int) -> int:
+    """Global steps to train ``work`` samples (each epoch ends with a short step), whatever the
+    world sizes: what an LR schedule spans."""
+    epochs, rest = divmod(work, n_samples)
+    per_epoch = -(-n_samples // global_batch)
+    return epochs * per_epoch + -(-rest // global_batch)

@@ -16,20 +16,49 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["FlatGradients", "allreduce_per_parameter", "BUCKET_FLOATS"]
+__all__ = ["FlatGradients", "allreduce_per_parameter", "cuda_aware_mpi", "BUCKET_FLOATS"]
 
 BUCKET_FLOATS = 1 << 20
 
 
-class FlatGradients:
-    """The gradients of ``params`` as views into one flat buffer."""
+def cuda_aware_mpi() -> bool:
+    """Whether this MPI can reduce GPU memory directly (MPICH/Open MPI report it)."""
+    query = getattr(MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query is not None else False
+    except Exception:  # an MPI without the extension
+        return False
 
-    def __init__(self, params: list[torch.nn.Parameter], bucket: int = BUCKET_FLOATS) -> None:
+
+class FlatGradients:
+    """The gradients of ``params`` as views into one flat buffer.
+
+    On a CPU the buffer is host memory that MPI reduces in place. On a GPU (``device`` is a
+    CUDA device) it lives on the device; a CUDA-aware MPI reduces it there, otherwise each
+    bucket is copied to one pinned host buffer, reduced, and copied back, the copy of the next
+    bucket overlapping the reduction of the current one.
+    """
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        bucket: int = BUCKET_FLOATS,
+        device: torch.device | None = None,
+    ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.bucket = bucket
         total = sum(p.numel() for p in self.params)
-        self._array = np.zeros(total, dtype=np.float32)
-        self.buffer = torch.from_numpy(self._array)  # the same memory
+        self.device = device or torch.device("cpu")
+        self._host: torch.Tensor | None = None
+        if self.device.type == "cpu":
+            self._array = np.zeros(total, dtype=np.float32)
+            self.buffer = torch.from_numpy(self._array)  # the same memory
+        else:
+            self.buffer = torch.zeros(total, dtype=torch.float32, device=self.device)
+            self.cuda_aware = cuda_aware_mpi()
+            if not self.cuda_aware:
+                self._host = torch.zeros(total, dtype=torch.float32).pin_memory()
+                self._array = self._host.numpy()
         offset = 0
         for p in self.params:
             if p.dtype != torch.float32:
@@ -54,8 +83,31 @@ class FlatGradients:
         """Sum the gradients of all ranks in place, bucket by bucket."""
         if comm.size == 1:
             return
-        for start in range(0, len(self._array), self.bucket):
-            comm.Allreduce(MPI.IN_PLACE, self._array[start : start + self.bucket], op=MPI.SUM)
+        total = self.buffer.numel()
+        if self.device.type == "cpu":
+            for start in range(0, total, self.bucket):
+                comm.Allreduce(MPI.IN_PLACE, self._array[start : start + self.bucket], op=MPI.SUM)
+            return
+        torch.cuda.current_stream(self.device).synchronize()  # backward has written it all
+        if self.cuda_aware:
+            for start in range(0, total, self.bucket):
+                comm.Allreduce(MPI.IN_PLACE, self.buffer[start : start + self.bucket], op=MPI.SUM)
+            return
+        assert self._host is not None
+        copies = torch.cuda.Stream(self.device)
+        ready = []
+        with torch.cuda.stream(copies):  # every device-to-host copy queued at once
+            for start in range(0, total, self.bucket):
+                stop = min(start + self.bucket, total)
+                self._host[start:stop].copy_(self.buffer[start:stop], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(copies)
+                ready.append((start, stop, event))
+        for start, stop, event in ready:
+            event.synchronize()  # this bucket is on the host; later ones are still copying
+            comm.Allreduce(MPI.IN_PLACE, self._array[start:stop], op=MPI.SUM)
+            self.buffer[start:stop].copy_(self._host[start:stop], non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
 
 
 def allreduce_per_parameter(params: list[torch.nn.Parameter], comm: MPI.Comm) -> None:

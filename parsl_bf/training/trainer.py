@@ -5,11 +5,15 @@ and split into contiguous rank shares; each rank sums its per-sample losses and 
 global batch, and the gradients are summed across ranks, so every step computes the gradient
 of the same global mean loss at every world size. The learning rate therefore needs no scaling
 when the fragment shrinks or grows, and a run that is rescaled 2 → 1 → 3 → 2 follows the same
-trajectory as an uninterrupted one (up to floating-point summation order).
+trajectory as an uninterrupted one (up to floating-point summation order). Batch norm layers
+are replaced by :class:`~parsl_bf.training.syncbn.MPIBatchNorm`, which normalises with the
+global batch's statistics, so this holds for models with batch norm too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import random
 import time
@@ -22,12 +26,25 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .batches import open_samples, to_device
 from .checkpoint import CheckpointError, latest, save_checkpoint
-from .data import epoch_order, step_batch, step_indices
+from .data import step_plan, total_steps
 from .exchange import FlatGradients, fingerprint
 from .reports import ReportSink
+from .syncbn import convert_batchnorm, has_batchnorm
 
-__all__ = ["TrainingTask", "TrainOutcome", "ElasticTrainer", "TrainingInputError"]
+__all__ = [
+    "ElasticTrainer",
+    "PRECISIONS",
+    "StepContext",
+    "TrainOutcome",
+    "TrainingInputError",
+    "TrainingTask",
+]
+
+#: ``TrainingTask.precision`` values: the autocast dtype of the forward pass and the loss.
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class TrainingInputError(ValueError):
@@ -35,20 +52,137 @@ class TrainingInputError(ValueError):
 
 
 @dataclass
-class TrainingTask:
-    """What to train. Factories are called on every rank, so they must be deterministic.
+class StepContext:
+    """What a custom ``TrainingTask.step`` is told about the step it computes."""
 
-    ``loss`` returns per-sample losses (``reduction="none"``); ``evaluate`` (optional) gets the
-    trained model on rank 0 and returns metrics for the result.
+    device: torch.device  #: where the model and the batch are
+    rank: int  #: this rank, of ``world``
+    world: int
+    batch: int  #: samples in the global step (the loss is divided by this, not by the share)
+    steps: int  #: global steps done before this one
+    samples: int  #: samples done before this step
+
+
+@dataclass
+class TrainingTask:
+    """What to train. Factories are called on every rank, so they must be deterministic
+    (seeded). Only ``model``, ``optimizer``, ``dataset`` and ``loss`` (or ``step``) are needed;
+    docs/training.md describes every field with a complete example.
+
+    model
+        ``() -> nn.Module``.
+    optimizer
+        ``(parameters) -> torch.optim.Optimizer``.
+    dataset
+        ``() -> (inputs, targets)`` tensors, or a map-style ``torch.utils.data.Dataset`` whose
+        items are ``(input, target)`` (or anything the default collate and ``step`` agree on),
+        read lazily through a ``DataLoader`` with ``loader_workers`` worker processes.
+    loss
+        ``(outputs, targets) -> per-sample losses`` (``reduction="none"``).
+    global_batch, seed
+        Samples per global step, whatever the world size; the seed of the model's
+        initialisation and of each epoch's sample order.
+    evaluate
+        ``(model) -> {metric: value}``, on rank 0, in eval mode, without gradients: at the
+        end, and every ``evaluate_every`` samples if that is set.
+    scheduler
+        ``(optimizer, total_steps) -> LR scheduler``, stepped once per global step;
+        ``total_steps`` is the number of global steps of the task's work.
+    step
+        ``(model, batch, ctx: StepContext) -> loss`` replaces ``model(x)`` and ``loss``: a
+        custom step (several loss terms, dict inputs). It returns the per-sample losses or
+        their sum over this rank's share; the trainer divides by the global batch.
+    clip_grad_norm
+        Clip the global gradient to this norm before each optimizer step.
+    precision
+        ``"fp32"``, ``"bf16"`` or ``"fp16"``: autocast of the forward pass and loss (fp16 with
+        a GradScaler on CUDA, kept in checkpoints).
+    evaluate_every
+        Samples between evaluations; each one is a progress report (``"eval"``) and an entry
+        of the outcome's ``metrics_history``.
+    state
+        Extra objects with ``state_dict()``/``load_state_dict()`` (by name), kept in
+        checkpoints and restored on every rank.
+    save_model
+        A path: rank 0 writes the final model's ``state_dict`` there (atomically); the
+        outcome's ``model_path``.
+    device
+        ``"auto"`` (a GPU if there is one, else the CPU), ``"cpu"`` or ``"cuda"``: a rank uses
+        ``cuda:<local rank>`` of the GPUs it sees (``CUDA_VISIBLE_DEVICES``).
+    loader_workers
+        ``DataLoader`` worker processes per rank for a Dataset (0: read in the rank).
+    sync_batchnorm
+        Replace batch norm by its global-batch version (see the module's docstring).
     """
 
     model: Callable[[], torch.nn.Module]
     optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
-    dataset: Callable[[], tuple[torch.Tensor, torch.Tensor]]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    dataset: Callable[[], Any]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     global_batch: int = 64
     seed: int = 0
     evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None
+    scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
+    step: Callable[[torch.nn.Module, Any, StepContext], torch.Tensor] | None = None
+    clip_grad_norm: float | None = None
+    precision: str = "fp32"
+    evaluate_every: int | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    save_model: str | os.PathLike | None = None
+    device: str = "auto"
+    loader_workers: int = 0
+    sync_batchnorm: bool = True
+
+    def check(self) -> None:
+        """Raise :class:`TrainingInputError` naming the first field that cannot work."""
+        for name in ("model", "optimizer", "dataset"):
+            if not callable(getattr(self, name)):
+                raise TrainingInputError(f"{name}: expected a callable, got {_kind(self, name)}")
+        if self.loss is None and self.step is None:
+            raise TrainingInputError("loss: needed unless the task has a custom step")
+        for name in ("loss", "step", "evaluate", "scheduler"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TrainingInputError(f"{name}: expected a callable, got {_kind(self, name)}")
+        for name, least in (("global_batch", 1), ("loader_workers", 0)):
+            value = getattr(self, name)
+            if not _whole(value, least):
+                raise TrainingInputError(f"{name}: expected an integer >= {least}, got {value!r}")
+        every = self.evaluate_every
+        if every is not None and not _whole(every, 1):
+            raise TrainingInputError(f"evaluate_every: expected samples >= 1, got {every!r}")
+        clip = self.clip_grad_norm
+        if clip is not None and not _positive(clip):
+            raise TrainingInputError(f"clip_grad_norm: expected a positive number, got {clip!r}")
+        if self.precision not in PRECISIONS:
+            raise TrainingInputError(
+                f"precision: expected one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.device not in DEVICES:
+            raise TrainingInputError(
+                f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}"
+            )
+        if not isinstance(self.state, dict):
+            kind = _kind(self, "state")
+            raise TrainingInputError(f"state: expected a dict of objects, got {kind}")
+        for key, obj in self.state.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TrainingInputError(
+                    f"state[{key!r}]: {type(obj).__name__} has no state_dict()/load_state_dict()"
+                )
+
+
+def _kind(task: TrainingTask, name: str) -> str:
+    return type(getattr(task, name)).__name__
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _positive(value: Any) -> bool:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return ok and math.isfinite(value) and value > 0
 
 
 @dataclass
@@ -60,6 +194,25 @@ class TrainOutcome:
     loss: float | None
     checkpoint: str | None
     metrics: dict[str, float] = field(default_factory=dict)
+    #: Every evaluation so far (``evaluate_every``, and the final one): metrics and ``samples``.
+    metrics_history: list[dict[str, float]] = field(default_factory=list)
+    #: Where ``save_model`` wrote the final model (rank 0, when done).
+    model_path: str | None = None
+
+
+def _device(task: TrainingTask, comm: MPI.Comm) -> torch.device:
+    """This rank's device: ``cuda:<local rank>`` of the visible GPUs, or the CPU."""
+    want = task.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise TrainingInputError("device: 'cuda' asked for, but this node has no usable GPU")
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    rank = local.rank
+    local.Free()
+    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 class ElasticTrainer:
@@ -83,6 +236,7 @@ class ElasticTrainer:
         report_every: int = 5,
         started_at: float | None = None,
         before_load: Callable[[], None] = lambda: None,
+        stop_at: int | None = None,
     ) -> None:
         self.task, self.comm, self.work = task, comm, int(work)
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -93,6 +247,7 @@ class ElasticTrainer:
         self.began = time.time()
         self.started_at = started_at  # when the process started (imports take a while)
         self.before_load = before_load
+        self.stop_at = stop_at
 
     def _seed(self) -> None:
         torch.manual_seed(self.task.seed)
@@ -111,18 +266,44 @@ class ElasticTrainer:
 
     def run(self) -> TrainOutcome:
         comm, rank, world = self.comm, self.comm.rank, self.comm.size
-        inputs, targets = self.task.dataset()
-        n = len(inputs)
-        if world > min(self.task.global_batch, n):
+        task = self.task
+        task.check()
+        try:
+            samples_of = open_samples(task.dataset())
+        except ValueError as exc:
+            raise TrainingInputError(str(exc)) from None
+        n = samples_of.n
+        if world > min(task.global_batch, n):
             raise TrainingInputError(
                 f"world size {world} exceeds the samples per step "
-                f"({min(self.task.global_batch, n)}): some ranks would get no sample"
+                f"({min(task.global_batch, n)}): some ranks would get no sample"
             )
+        device = _device(task, comm)
         self._seed()
-        model = self.task.model()
+        model = task.model()
+        if not isinstance(model, torch.nn.Module):
+            raise TrainingInputError(f"model: returned {type(model).__name__}, not an nn.Module")
+        synced = task.sync_batchnorm and has_batchnorm(model)
+        if synced:
+            model = convert_batchnorm(model, comm)
+        model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
-        grads = FlatGradients(params)
-        optimizer = self.task.optimizer(params)
+        grads = FlatGradients(params, device=device)
+        optimizer = task.optimizer(params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TrainingInputError(
+                f"optimizer: returned {type(optimizer).__name__}, not a torch.optim.Optimizer"
+            )
+        scheduler = None
+        if task.scheduler is not None:
+            scheduler = task.scheduler(optimizer, total_steps(self.work, n, task.global_batch))
+            if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
+                raise TrainingInputError(
+                    f"scheduler: returned {type(scheduler).__name__}, not an LR scheduler"
+                )
+        scaler = torch.amp.GradScaler(
+            device.type, enabled=task.precision == "fp16" and device.type == "cuda"
+        )
         # A warm start: everything above (imports, model, optimizer) ran while the fragment's
         # previous run was still stopping; wait for its checkpoint only now.
         self.before_load()
@@ -135,10 +316,19 @@ class ElasticTrainer:
             raise CheckpointError(f"ranks read different checkpoints in {self.checkpoint_dir}")
         samples = steps = 0
         stopped_at = None
+        history: list[dict[str, float]] = []
         if state is not None:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             grads.rebind()
+            if scheduler is not None and state.get("scheduler") is not None:
+                scheduler.load_state_dict(state["scheduler"])
+            if state.get("scaler"):
+                scaler.load_state_dict(state["scaler"])
+            for key, obj in task.state.items():
+                if key in (state.get("user_state") or {}):
+                    obj.load_state_dict(state["user_state"][key])
+            history = list(state.get("metrics_history") or [])
             samples, steps = int(state["samples"]), int(state["steps"])
             torch.set_rng_state(state["rng"]["torch"])
             np.random.set_state(state["rng"]["numpy"])
@@ -147,26 +337,54 @@ class ElasticTrainer:
         loaded_at = time.time()
         self._check_same_model(params)
 
-        order_epoch, order = -1, np.empty(0, dtype=np.int64)
+        def plan():
+            return step_plan(task.seed, n, task.global_batch, samples, self.work, world, rank)
+
+        batches = samples_of.batches(plan(), task.loader_workers, device.type == "cuda")
+        dtype = PRECISIONS[task.precision]
+        autocast = (
+            (lambda: torch.autocast(device.type, dtype=dtype))
+            if dtype is not None
+            else contextlib.nullcontext
+        )
+        saved = {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "scaler": scaler,
+            "n": n,
+            "history": history,
+        }
         loss_value: float | None = None
         last_t, last_samples = None, samples
         first_step_at = None
         status = "done"
-        while samples < self.work:
-            epoch, offset = divmod(samples, n)
-            if epoch != order_epoch:
-                order_epoch, order = epoch, epoch_order(self.task.seed, epoch, n)
-            batch = step_batch(self.task.global_batch, n, offset, self.work - samples)
-            idx = step_indices(order, offset, batch, world, rank)
+        model.train()
+        for (batch, idx), local_batch in zip(plan(), batches, strict=True):
             grads.zero()
-            local = torch.zeros(())
-            if len(idx):
-                index = torch.from_numpy(idx)
-                out = model(inputs[index])
-                local = self.task.loss(out, targets[index]).sum()
-                (local / batch).backward()
+            local = torch.zeros((), device=device)
+            # With global batch norm every rank joins each step's collectives, with an empty
+            # share if need be; without it an empty share skips the model.
+            if len(idx) or synced:
+                local_batch = to_device(local_batch, device)
+                with autocast():
+                    if task.step is not None:
+                        ctx = StepContext(device, rank, world, batch, steps, samples)
+                        local = task.step(model, local_batch, ctx)
+                    else:
+                        inputs, targets = local_batch
+                        local = task.loss(model(inputs), targets)
+                    local = local.float().sum()
+                scaler.scale(local / batch).backward()
             grads.allreduce(comm)
-            optimizer.step()
+            if scaler.is_enabled():
+                scaler.unscale_(optimizer)
+            if task.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, task.clip_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            if scheduler is not None:
+                scheduler.step()
             samples += batch
             steps += 1
             # One small Allreduce for the step's loss and for "has any rank been asked to stop".
@@ -194,32 +412,64 @@ class ElasticTrainer:
                 rate = (samples - last_samples) / max(1e-9, now - last_t)
                 self.reports.emit("step", world=world, samples=samples, rate=rate, loss=total_loss)
                 last_t, last_samples = now, samples
-            if stop and samples < self.work:
+            every = task.evaluate_every
+            if every and (samples - batch) // every != samples // every and samples < self.work:
+                self._evaluate(model, samples, history)
+                model.train()
+            planned = self.stop_at is not None and samples >= self.stop_at
+            if (stop or planned) and samples < self.work:
                 status = "stopped"
                 break
             if steps % self.checkpoint_every == 0:
-                self._save(model, optimizer, samples, steps, n, None)
+                self._save(saved, samples, steps, None)
         stopped = time.time() if status == "stopped" else None
-        path = self._save(model, optimizer, samples, steps, n, stopped)
         metrics: dict[str, float] = {}
+        model_path = None
+        if status == "done":
+            metrics = self._evaluate(model, samples, history)
+            if rank == 0 and task.save_model is not None:
+                model_path = _save_model(model, Path(task.save_model))
+        path = self._save(saved, samples, steps, stopped)
         if rank == 0:
-            if status == "done" and self.task.evaluate is not None:
-                model.eval()
-                with torch.no_grad():
-                    metrics = self.task.evaluate(model)
             self.reports.emit(status, world=world, samples=samples, loss=loss_value)
         comm.Barrier()
-        return TrainOutcome(status, samples, steps, world, loss_value, path, metrics)
+        return TrainOutcome(
+            status, samples, steps, world, loss_value, path, metrics, list(history), model_path
+        )
 
-    def _save(self, model, optimizer, samples: int, steps: int, n: int, stopped_at: float | None):
+    def _evaluate(
+        self, model: torch.nn.Module, samples: int, history: list[dict[str, float]]
+    ) -> dict[str, float]:
+        """Rank 0 evaluates (if the task can); the metrics join the history and the reports."""
+        if self.comm.rank != 0 or self.task.evaluate is None:
+            return {}
+        model.eval()
+        with torch.no_grad():
+            metrics = self.task.evaluate(model)
+        if not isinstance(metrics, dict):
+            raise TrainingInputError(
+                f"evaluate: returned {type(metrics).__name__}, not a dict of metrics"
+            )
+        metrics = {k: float(v) for k, v in metrics.items()}
+        if not history or history[-1].get("samples") != samples:
+            history.append({"samples": samples, **metrics})
+            self.reports.emit("eval", samples=samples, metrics=metrics)
+        return metrics
+
+    def _save(self, saved: dict[str, Any], samples: int, steps: int, stopped_at: float | None):
         if self.comm.rank != 0:
             return None
+        scheduler, scaler = saved["scheduler"], saved["scaler"]
         state: dict[str, Any] = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
+            "model": saved["model"].state_dict(),
+            "optimizer": saved["optimizer"].state_dict(),
+            "scheduler": None if scheduler is None else scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "user_state": {k: obj.state_dict() for k, obj in self.task.state.items()},
+            "metrics_history": list(saved["history"]),
             "samples": samples,
             "steps": steps,
-            "epoch": samples // n,
+            "epoch": samples // saved["n"],
             "rng": {
                 "torch": torch.get_rng_state(),
                 "numpy": np.random.get_state(),
@@ -229,3 +479,16 @@ class ElasticTrainer:
             "pid": os.getpid(),
         }
         return str(save_checkpoint(self.checkpoint_dir, state, samples))
+
+
+def _save_model(model: torch.nn.Module, path: Path) -> str:
+    """The model's state dict at ``path``, written atomically; its absolute path."""
+    path = path.expanduser().resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return str(path)

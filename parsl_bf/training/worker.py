@@ -147,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         help="file to create once every rank has imported and built its model "
         "(a standby fragment is then ready to take over)",
     )
+    ap.add_argument(
+        "--stop-at",
+        type=int,
+        help="checkpoint and stop (status stopped) once this many samples are done: a planned "
+        "rescale at an exact step (tests, benchmarks)",
+    )
     args = ap.parse_args(argv)
 
     stop = {"asked": False}
@@ -172,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             before_load=lambda: _standby(
                 comm, args.ready, args.after, args.after_timeout, lambda: stop["asked"]
             ),
+            stop_at=args.stop_at,
         )
         try:
             outcome = trainer.run()
