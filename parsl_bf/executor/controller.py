@@ -289,6 +289,9 @@ class Controller:
             return []
         task.nodes = ()
         task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
+        if task.state == "queued" and task.samples >= task.work:
+            # A predecessor finished the work during a hand-over: nothing is left to train.
+            task.state = "done"
         actions: list[Action] = []
         if task.previous is not None:
             # The successor ended before the hand-over: the previous fragment must stop

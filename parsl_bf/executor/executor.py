@@ -620,8 +620,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         if fragment.generation < self.controller.elastic[task_id].generation:
             return self._superseded_exited(fragment, outcome, item, now)
         if status == "done":
-            self.event_log.emit("task_done", task=task_id, samples=outcome["samples"])
-            sub.future.set_result(outcome)
+            self._resolve(task_id, outcome)
             return self.controller.fragment_ended(
                 task_id, fragment.generation, "done", outcome["samples"], now
             )
@@ -636,6 +635,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         sub.future.set_exception(FragmentFailed(f"task {task_id}: exit {item.code}: {err}"))
         return self.controller.fragment_ended(task_id, fragment.generation, "failed", 0, now)
 
+    def _resolve(self, task_id: str, outcome: dict) -> None:
+        """An elastic task's result (once: a predecessor and its successor may both end done)."""
+        sub = self._submissions[task_id]
+        if not sub.future.done():
+            self.event_log.emit("task_done", task=task_id, samples=outcome["samples"])
+            sub.future.set_result(outcome)
+
     def _superseded_exited(
         self, fragment: _Fragment, outcome: dict | None, item: ProcessExited, now: float
     ) -> list:
@@ -648,6 +654,10 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             )
             outcome = {"status": "lost", "samples": 0}
             write_result(fragment.result, outcome)
+        elif outcome.get("status") == "done":
+            # It finished the work before its successor took over: that is the task's result
+            # (the successor finds the final checkpoint and ends at once).
+            self._resolve(fragment.task, outcome)
         else:
             self.event_log.emit("fragment_stopped", task=fragment.task, samples=outcome["samples"])
         return self.controller.fragment_ended(

@@ -25,10 +25,12 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from . import elastic
 from .checkpoint import CheckpointError
 from .rendezvous import join
 from .reports import ReportSink, write_result
@@ -37,9 +39,11 @@ from .trainer import ElasticTrainer, TrainingInputError, TrainingTask, TrainOutc
 __all__ = ["main", "load_task"]
 
 
-def load_task(spec: str, options: dict) -> TrainingTask:
-    """The task that ``module:function`` builds with ``options``; ``@FILE``: a function call
-    packed by Parsl (``pack_apply_message``), e.g. an app's own function and arguments."""
+def load_task(spec: str, options: dict) -> Any:
+    """Call ``module:function`` with ``options`` (``@FILE``: a function call packed by Parsl,
+    ``pack_apply_message``, e.g. an app's own function and arguments). It returns a
+    :class:`TrainingTask` for the trainer to run, or it is a loop that trained by itself with
+    :mod:`parsl_bf.training.elastic` (in the session the worker opened) and returns anything."""
     if spec.startswith("@"):
         from parsl.serialize import unpack_apply_message
 
@@ -48,12 +52,7 @@ def load_task(spec: str, options: dict) -> TrainingTask:
         except (OSError, Exception) as exc:
             raise TrainingInputError(f"task {spec!r}: {exc}") from None
         kwargs.pop("parsl_resource_specification", None)
-        task = func(*args, **{**kwargs, **options})
-        if not isinstance(task, TrainingTask):
-            raise TrainingInputError(
-                f"task {spec!r}: returned {type(task).__name__}, not a TrainingTask"
-            )
-        return task
+        return func(*args, **{**kwargs, **options})
     module, _, name = spec.partition(":")
     if not name:
         raise TrainingInputError(f"task {spec!r}: expected module:function")
@@ -120,6 +119,27 @@ def _share_cores(comm: MPI.Comm) -> None:
     torch.set_num_threads(int(override) if override else max(1, (os.cpu_count() or 1) // local))
 
 
+def _loop_outcome(loop: elastic.Session) -> TrainOutcome:
+    """A loop's outcome: it trained to its end (done) or was stopped between two steps."""
+    if loop.status == "done" and loop.checkpoint_dir is not None and loop.state is not None:
+        loop.save_checkpoint()  # the final state, for a run started again by mistake
+    if loop.comm.rank == 0:
+        loop.reports.emit(loop.status, world=loop.comm.size, samples=loop.samples)
+    history = loop.metrics_history
+    metrics = {k: v for k, v in history[-1].items() if k != "samples"} if history else {}
+    return TrainOutcome(
+        loop.status,
+        loop.samples,
+        loop.steps,
+        loop.comm.size,
+        loop.loss,
+        loop.checkpoint,
+        metrics,
+        list(history),
+        loop.model_path,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="parsl_bf.training.worker", description=__doc__)
     ap.add_argument(
@@ -164,26 +184,53 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, ask_stop)
     comm = join(args.rendezvous, args.group, args.groups) if args.groups > 1 else MPI.COMM_WORLD
     _share_cores(comm)
+    reports = ReportSink(args.report if comm.rank == 0 else None)
+
+    def before_load() -> None:
+        _standby(comm, args.ready, args.after, args.after_timeout, lambda: stop["asked"])
+
     try:
-        task = load_task(args.task, json.loads(args.options))
-        trainer = ElasticTrainer(
-            task,
-            comm,
-            args.checkpoint_dir,
-            args.work,
+        with elastic.session(
+            comm=comm,
+            checkpoint_dir=args.checkpoint_dir,
+            work=args.work,
             checkpoint_every=args.checkpoint_every,
-            reports=ReportSink(args.report if comm.rank == 0 else None),
+            reports=reports,
             should_stop=lambda: stop["asked"],
-            started_at=_process_started_at(),
-            before_load=lambda: _standby(
-                comm, args.ready, args.after, args.after_timeout, lambda: stop["asked"]
-            ),
+            before_load=before_load,
             stop_at=args.stop_at,
-        )
-        try:
-            outcome = trainer.run()
-        except StoppedInStandby:
-            outcome = TrainOutcome("stopped", 0, 0, comm.size, None, None)
+            started_at=_process_started_at(),
+        ) as loop:
+            try:
+                task = load_task(args.task, json.loads(args.options))
+            except elastic.Stopped:
+                task = None
+            except StoppedInStandby:
+                task, loop.used, loop.status = None, True, "stopped"
+        if loop.used:  # the function was a training loop, and has run
+            outcome = _loop_outcome(loop)
+        elif not isinstance(task, TrainingTask):
+            raise TrainingInputError(
+                f"task {args.task!r}: returned {type(task).__name__}, not a TrainingTask "
+                "(nor trained with parsl_bf.training.elastic)"
+            )
+        else:
+            trainer = ElasticTrainer(
+                task,
+                comm,
+                args.checkpoint_dir,
+                args.work,
+                checkpoint_every=args.checkpoint_every,
+                reports=reports,
+                should_stop=lambda: stop["asked"],
+                started_at=_process_started_at(),
+                before_load=before_load,
+                stop_at=args.stop_at,
+            )
+            try:
+                outcome = trainer.run()
+            except StoppedInStandby:
+                outcome = TrainOutcome("stopped", 0, 0, comm.size, None, None)
     except (TrainingInputError, CheckpointError, json.JSONDecodeError) as exc:
         # Raised on every rank alike (the checks are collective): a clean exit.
         if comm.rank == 0:

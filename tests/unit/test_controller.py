@@ -87,6 +87,19 @@ def test_a_warm_rescale_hands_over_and_a_preemption_stops_both_fragments() -> No
     assert c.elastic["a"].samples == 900
 
 
+def test_a_predecessor_that_finishes_during_a_hand_over_completes_the_task() -> None:
+    c = Controller(tfwd=60)
+    c.submit_elastic(_task("a", 1, 4, work=1000), NOW)
+    c.pilot_up("p1", ["n1", "n2"], None, NOW)
+    c.pilot_up("p2", ["n3"], None, NOW)  # a warm grow: generation 2 waits for generation 1
+    # Generation 1 trains to the end before its successor is ready ...
+    c.fragment_ended("a", 1, "stopped", 1000, NOW + 1)
+    # ... and the successor, preempted in standby, reports nothing trained.
+    c.fragment_ended("a", 2, "stopped", 0, NOW + 2)
+    assert c.elastic["a"].state == "done" and c.elastic["a"].samples == 1000
+    assert c.outstanding_nodes() == 0  # no pilot is asked for a task with no work left
+
+
 def test_plain_tasks_get_nodes_first_and_are_requeued_with_a_lost_pilot() -> None:
     c = Controller(tfwd=60)
     c.submit_elastic(_task("a", 1, 4), NOW)
