@@ -328,6 +328,7 @@ def ddp_side(args) -> dict | None:
     total = torch.tensor([float(samples)])
     dist.all_reduce(total)  # the window's samples over all ranks
     world = dist.get_world_size()
+    dist.barrier()  # no rank tears the group down while another still uses it
     dist.destroy_process_group()
     if args.rank:
         return None
@@ -426,7 +427,9 @@ def run_plain(tmp: Path, workload, options, loader, warmup, steps, threads) -> d
 
 def run_ddp(tmp: Path, workload, options, world, warmup, steps, threads) -> dict:
     cmd = [*_side_cmd(workload, options, warmup, steps, threads), "--side", "ddp"]
-    init = f"file://{tmp / 'ddp-store'}"
+    # A new store file for every run: gloo's file store must not be reused across groups.
+    store = tmp / f"ddp-store-{time.monotonic_ns()}"
+    init = f"file://{store}"
     logs = [tmp / f"ddp-{rank}.log" for rank in range(world)]
     procs = [
         _start([*cmd, "--rank", str(rank), "--world", str(world), "--init", init], logs[rank])
