@@ -95,6 +95,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parsl_bf.training.command import mpiexec_argv, worker_argv
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "data" / "trace64"
 TASK = "parsl_bf.training.examples:digits_cnn"
@@ -200,29 +202,16 @@ def write_mpiexec(directory: Path) -> Path:
     return path
 
 
-def worker_argv(mpiexec: Path, world: int, d: Path, result: str, checkpoint_every: int) -> list:
-    return [
-        str(mpiexec),
-        "-n",
-        str(world),
-        sys.executable,
-        "-m",
-        "parsl_bf.training.worker",
-        "--task",
+def fragment_argv(mpiexec: Path, world: int, d: Path, result: str, checkpoint_every: int) -> list:
+    return mpiexec_argv(world, mpiexec=str(mpiexec)) + worker_argv(
         TASK,
-        "--options",
-        json.dumps(OPTIONS),
-        "--work",
-        str(WORK),
-        "--checkpoint-dir",
-        str(d / "checkpoints"),
-        "--checkpoint-every",
-        str(checkpoint_every),
-        "--report",
-        str(d / "progress.jsonl"),
-        "--result",
-        str(d / result),
-    ]
+        WORK,
+        d / "checkpoints",
+        OPTIONS,
+        checkpoint_every=checkpoint_every,
+        report=d / "progress.jsonl",
+        result=d / result,
+    )
 
 
 # --- the window -------------------------------------------------------------------------------
@@ -397,14 +386,14 @@ def calibrate(mpiexec: Path, d: Path, nodes: int, seconds: float, ckpt_every: in
         last = i == len(worlds) - 1  # only its restart is measured
         procs = [
             _launch(
-                worker_argv(mpiexec, world, main, f"result-{i}.json", ckpt_every),
+                fragment_argv(mpiexec, world, main, f"result-{i}.json", ckpt_every),
                 main,
                 f"run-{i}.log",
             )
         ]
         fillers = [d / f"filler-{i}-{j}" for j in range(nodes - world)]
         procs += [
-            _launch(worker_argv(mpiexec, 1, f, "result.json", ckpt_every), f, "run.log")
+            _launch(fragment_argv(mpiexec, 1, f, "result.json", ckpt_every), f, "run.log")
             for f in fillers
         ]
         try:

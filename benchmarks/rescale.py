@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from parsl_bf.training.command import mpiexec_argv, worker_argv  # noqa: E402
 from tests.integration.fragments import rank_pids  # noqa: E402
 
 TASK = "parsl_bf.training.examples:resnet18_synthetic"
@@ -32,30 +33,15 @@ TASK = "parsl_bf.training.examples:resnet18_synthetic"
 
 def launch(world: int, tmp: Path, run: int) -> subprocess.Popen:
     """Run ``run`` of the fragment; from run 1 on it takes over from run - 1 (``--after``)."""
-    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
-    options = json.dumps({"samples": 128, "image": 64})
-    args = [
-        mpiexec,
-        "-n",
-        str(world),
-        sys.executable,
-        "-m",
-        "parsl_bf.training.worker",
-        "--task",
+    args = mpiexec_argv(world) + worker_argv(
         TASK,
-        "--options",
-        options,
-        "--work",
-        str(10**9),
-        "--checkpoint-dir",
-        str(tmp / "ckpt"),
-        "--checkpoint-every",
-        "1000",
-        "--report",
-        str(tmp / "report.jsonl"),
-        "--result",
-        str(tmp / f"result-{run}.json"),
-    ]
+        10**9,
+        tmp / "ckpt",
+        {"samples": 128, "image": 64},
+        checkpoint_every=1000,
+        report=tmp / "report.jsonl",
+        result=tmp / f"result-{run}.json",
+    )
     if run > 0:
         args += [
             "--after",

@@ -47,8 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parsl_bf.training.command import mpiexec_argv, worker_argv
+
 ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 TASKS = {"mlp": "benchmarks.trainer:mlp_task", "resnet50": "benchmarks.trainer:resnet50_task"}
 REPORT_EVERY = 5  # ElasticTrainer's report_every (the worker has no option for it)
 SIDES = ("plain", "plain_indexed", "elastic_w1", "ddp_w2", "elastic_w2")
@@ -456,28 +457,15 @@ def run_elastic(tmp: Path, workload, options, world, warmup, steps) -> dict:
     batch = options["global_batch"]
     record = tmp / "threads"
     opts = {**options, "record": str(record)}
-    cmd = [
-        MPIEXEC,
-        "-n",
-        str(world),
-        sys.executable,
-        "-m",
-        "parsl_bf.training.worker",
-        "--task",
+    cmd = mpiexec_argv(world) + worker_argv(
         TASKS[workload],
-        "--options",
-        json.dumps(opts),
-        "--work",
-        str((warmup + steps) * batch),
-        "--checkpoint-dir",
-        str(tmp / "ckpt"),
-        "--checkpoint-every",
-        str(10**9),
-        "--report",
-        str(tmp / "report.jsonl"),
-        "--result",
-        str(tmp / "result.json"),
-    ]
+        (warmup + steps) * batch,
+        tmp / "ckpt",
+        opts,
+        checkpoint_every=10**9,
+        report=tmp / "report.jsonl",
+        result=tmp / "result.json",
+    )
     _launch(cmd, tmp / "elastic.log")
     result = json.loads((tmp / "result.json").read_text())
     marks = [r for r in _reports(tmp / "report.jsonl") if r["event"] in ("start", "step")]

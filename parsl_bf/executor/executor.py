@@ -43,6 +43,7 @@ from parsl.serialize import pack_apply_message
 from parsl.utils import RepresentationMixin
 
 from ..providers.base import SettingError
+from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
 from .channel import (
     PilotGone,
@@ -197,7 +198,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
         self.warm_rescale = warm_rescale
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.mpiexec = mpiexec or str(Path(sys.executable).with_name("mpiexec"))
+        self.mpiexec = mpiexec or MPIEXEC
         self.mpi_hosts, self.address = mpi_hosts, address
         self.controller = Controller(
             objective,
@@ -502,34 +503,20 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         running = {}
         for g, (pilot, hosts) in enumerate(action.placement):
             key = f"{action.task}#{action.generation}#{g}"
-            argv = [self.mpiexec, "-n", str(len(hosts))]
-            if self.mpi_hosts:
-                argv += ["-hosts", ",".join(hosts)]
-            argv += [
-                sys.executable,
-                "-m",
-                "parsl_bf.training.worker",
-                "--task",
-                task.task,
-                "--options",
-                json.dumps(task.options),
-                "--work",
-                str(task.work),
-                "--checkpoint-dir",
-                str(d / "checkpoints"),
-                "--checkpoint-every",
-                str(self.checkpoint_every),
-                "--report",
-                str(d / "progress.jsonl"),
-                "--result",
-                str(result),
-            ]
+            flags: dict[str, Any] = {
+                "checkpoint_every": self.checkpoint_every,
+                "report": d / "progress.jsonl",
+                "result": result,
+            }
             if groups > 1:
-                argv += ["--rendezvous", str(gen_dir / "rendezvous")]
-                argv += ["--group", str(g), "--groups", str(groups)]
+                flags |= {"rendezvous": gen_dir / "rendezvous", "group": g, "groups": groups}
             if action.after is not None:  # a warm successor: take over from that fragment
-                argv += ["--after", str(d / f"fragment{action.after}" / "result.json")]
-                argv += ["--ready", str(gen_dir / "ready")]
+                flags |= {
+                    "after": d / f"fragment{action.after}" / "result.json",
+                    "ready": gen_dir / "ready",
+                }
+            argv = mpiexec_argv(len(hosts), hosts if self.mpi_hosts else None, self.mpiexec)
+            argv += worker_argv(task.task, task.work, d / "checkpoints", task.options, **flags)
             env = {"PYTHONPATH": _pythonpath()}
             if self._emulated:  # every emulated node of this machine is about one core
                 env["PARSL_BF_THREADS_PER_RANK"] = "1"

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 task = None
             except StoppedInStandby:
                 task, loop.used, loop.status = None, True, "stopped"
-        if loop.used:  # the function was a training loop, and has run
+        if loop.used and not isinstance(task, TrainingTask):  # a training loop, and it ran
             outcome = _loop_outcome(loop)
         elif not isinstance(task, TrainingTask):
             raise TrainingInputError(

@@ -5,34 +5,28 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from parsl_bf.training.command import MPIEXEC, worker_argv
+
 ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 TASK = "parsl_bf.training.examples:digits_cnn"
 
 
-def worker_args(tmp: Path, work: int, task: str = TASK, **extra) -> list[str]:
-    args = [
-        sys.executable,
-        "-m",
-        "parsl_bf.training.worker",
-        "--task",
+def worker_args(tmp: Path, work: int, task: str = TASK, options=None, **extra) -> list[str]:
+    """A rank's command line, with the report and result files in ``tmp``."""
+    if isinstance(options, str):
+        options = json.loads(options)
+    return worker_argv(
         task,
-        "--work",
-        str(work),
-        "--checkpoint-dir",
-        str(tmp / "ckpt"),
-        "--report",
-        str(tmp / "report.jsonl"),
-        "--result",
-        str(tmp / "result.json"),
-    ]
-    for key, value in extra.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return args
+        work,
+        tmp / "ckpt",
+        options,
+        report=tmp / "report.jsonl",
+        result=tmp / "result.json",
+        **extra,
+    )
 
 
 def env() -> dict[str, str]:
