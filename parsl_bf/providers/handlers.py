@@ -45,6 +45,7 @@ __all__ = [
     "BlockRecord",
     "PreemptionRetries",
     "block_outcome",
+    "ended_unserved_in_a_row",
     "failed_in_a_row",
     "free_retry",
 ]
@@ -120,6 +121,7 @@ class BackfillErrorHandler:
         #: Failed blocks already reported (each is printed once).
         self._reported: set[str] = set()
         self._written: str | None = None  # the last status file content, not rewritten unchanged
+        self._warned_unserved = False
 
     def __call__(self, executor: Any, status: dict[str, JobStatus]) -> None:
         provider = getattr(executor, "provider", None)
@@ -151,6 +153,16 @@ class BackfillErrorHandler:
         if not getattr(executor, "writes_status", False):
             self._write_status(executor, pilots)
         ordered = sorted(self.blocks.values(), key=lambda r: _block_order(r.block))
+        unserved = ended_unserved_in_a_row(ordered)
+        if unserved >= UNSERVED_WARNING and not self._warned_unserved:
+            self._warned_unserved = True
+            warning = (
+                f"{unserved} pilots in a row were preempted before their workers connected: "
+                "are the holes shorter than the workers' start-up (worker_init, imports)?"
+            )
+            log.warning("%s: %s", executor.label, warning)
+            if self.console:
+                print(f"parsl-bf: executor {executor.label}: {warning}", file=sys.stderr)
         failed = failed_in_a_row(ordered, self.threshold)
         if failed and not executor.bad_state_is_set:
             error = self.error(failed)
@@ -214,6 +226,25 @@ def failed_in_a_row(blocks: list[BlockRecord], threshold: int) -> list[BlockReco
     if len(recent) == threshold and all(r.outcome == "failed" for r in recent):
         return recent
     return []
+
+
+#: Pilots preempted before their workers connected, in a row, that make the handler warn: such
+#: pilots are not failures, but if none ever connects the run makes no progress.
+UNSERVED_WARNING = 5
+
+
+def ended_unserved_in_a_row(blocks: list[BlockRecord]) -> int:
+    """How many of the last ended blocks (in submission order, live ones skipped) were ended
+    by the scheduler before they served (a stock HTEX reports them ``MISSING``)."""
+    count = 0
+    for r in reversed(blocks):
+        if r.outcome == "live":
+            continue
+        if r.outcome == "ended" and r.state == "MISSING":
+            count += 1
+        else:
+            break
+    return count
 
 
 def _block_order(block_id: str) -> tuple[int, str]:

@@ -11,6 +11,7 @@ from parsl_bf.providers.handlers import (
     BackfillErrorHandler,
     BlockRecord,
     block_outcome,
+    ended_unserved_in_a_row,
     failed_in_a_row,
     free_retry,
 )
@@ -116,3 +117,18 @@ def test_no_retry_once_the_executor_gave_up() -> None:
 
     error = BadStateException(None, RuntimeError("3 backfill pilots in a row failed"))
     assert PreemptionRetries()(error, {"fail_count": 1, "fail_cost": 0}) > 1e9
+
+
+def test_pilots_preempted_before_serving_are_counted_in_a_row() -> None:
+    def rec(i, state, outcome):
+        return BlockRecord(str(i), None, state, outcome)
+
+    blocks = [
+        rec(0, "TIMEOUT", "ended"),  # served (an HTEX keeps TIMEOUT for a connected block)
+        rec(1, "MISSING", "ended"),
+        rec(2, "MISSING", "ended"),
+        rec(3, "RUNNING", "live"),
+        rec(4, "MISSING", "ended"),
+    ]
+    assert ended_unserved_in_a_row(blocks) == 3
+    assert ended_unserved_in_a_row([*blocks, rec(5, "COMPLETED", "ok")]) == 0
