@@ -36,7 +36,7 @@ What it measures, in one run (``--quick``: a shorter window and calibration):
    time_scale, rescale cost and T_fwd × time_scale: the same window exactly; util and the
    efficiencies are ratios, so they do not depend on the unit.
 
-Accounting as in ``../shared/DESIGN.md`` "Replay accounting": util = allocated ÷ idle
+Accounting as in docs/replay.md ("Accounting"): util = allocated ÷ idle
 node-seconds; E_used = Σ samples / P(1) ÷ allocated node-seconds; E_avail = the same numerator
 ÷ idle node-seconds (of the window, from the trace). A pilot holds its node until its processes
 have exited after the SIGTERM at its hole's end, so util (and "held") can exceed 1 slightly.
