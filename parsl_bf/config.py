@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import os
 import re
 import typing
@@ -41,7 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .allocation import Objective
-from .providers.base import SettingError
+from .providers.base import SettingError, check_tfwd
 
 __all__ = ["ConfigError", "AllocatorSettings", "load_config", "validate_config"]
 
@@ -105,18 +104,10 @@ class AllocatorSettings(BaseModel):
     @classmethod
     def _tfwd(cls, value: Any) -> Any:
         """``"auto"`` or a positive, finite number of seconds (a string from ``${VAR}`` too)."""
-        if value == "auto":
-            return value
-        expected = f'expected "auto" or a positive number of seconds, got {value!r}'
-        if isinstance(value, bool):  # an int to Python, but ``tfwd: true`` is a mistake
-            raise ValueError(expected)
         try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(expected) from None
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ValueError(expected)
-        return seconds
+            return check_tfwd(value)
+        except SettingError as exc:  # pydantic reports a ValueError's words
+            raise ValueError(exc.message) from None
 
 
 class _Located:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import queue
 import sys
@@ -42,7 +41,7 @@ from parsl.providers.base import ExecutionProvider
 from parsl.serialize import pack_apply_message
 from parsl.utils import RepresentationMixin
 
-from ..providers.base import SettingError
+from ..providers.base import check_tfwd
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
 from .channel import (
@@ -188,10 +187,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.label = label
         # Apps run in processes on the pilots, which share the run directory's file system.
         self.remote_monitoring_radio = remote_monitoring_radio or FilesystemRadio()
-        if tfwd != "auto" and not _positive_seconds(tfwd):
-            raise SettingError(
-                "tfwd", f'expected "auto" or a positive number of seconds, got {tfwd!r}'
-            )
+        check_tfwd(tfwd)
         self.objective, self.tfwd, self.time_limit = objective, tfwd, time_limit
         self.max_tasks, self.checkpoint_every = max_tasks, checkpoint_every
         self.min_node_life_s = min_node_life_s
@@ -711,14 +707,6 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             return {}
         found = summary(getattr(self.provider, "pilots", None) or {})
         return {"blocks": found["blocks"], "failed_blocks": found["failed_blocks"]}
-
-
-def _positive_seconds(value: Any) -> bool:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        return False
-    return math.isfinite(seconds) and seconds > 0
 
 
 def _last_rate(task: ElasticTask) -> float | None:

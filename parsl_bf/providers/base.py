@@ -19,6 +19,7 @@ __all__ = [
     "check_blocks",
     "check_count",
     "check_number",
+    "check_tfwd",
     "check_walltimes",
     "parse_walltime",
     "python_bin",
@@ -116,6 +117,23 @@ def check_number(
     if at_most is not None and number > at_most:
         raise SettingError(name, f"must be at most {at_most:g}, got {value!r}")
     return number
+
+
+def check_tfwd(value: object) -> float | str:
+    """An allocation look-ahead: ``"auto"``, or a positive, finite number of seconds (a string
+    from ``${VAR}`` too), as a float; else :class:`SettingError`."""
+    if value == "auto":
+        return "auto"
+    expected = f'expected "auto" or a positive number of seconds, got {value!r}'
+    if isinstance(value, bool):  # an int to Python, but ``tfwd: true`` is a mistake
+        raise SettingError("tfwd", expected)
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise SettingError("tfwd", expected) from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise SettingError("tfwd", expected)
+    return seconds
 
 
 def check_walltimes(min_walltime: str | float, max_walltime: str | float) -> tuple[float, float]:
