@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["CheckpointError", "save_checkpoint", "load", "latest", "load_latest", "checkpoints"]
+__all__ = [
+    "CheckpointError",
+    "agreed_latest",
+    "checkpoints",
+    "latest",
+    "load",
+    "load_latest",
+    "rng_state",
+    "save_atomically",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -40,16 +53,50 @@ def save_checkpoint(
     """Write ``state`` atomically as the checkpoint at ``samples``; keep the ``keep`` newest."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    final = d / f"ckpt-{samples:015d}.pt"
-    tmp = d / f".{final.name}.{os.getpid()}.tmp"
-    with tmp.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    final = save_atomically(state, d / f"ckpt-{samples:015d}.pt")
     for old in checkpoints(d)[keep:]:
         old.unlink(missing_ok=True)
     return final
+
+
+def save_atomically(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj)`` to a temporary file beside ``path``, fsynced, then renamed: a
+    reader never sees half a file. Returns ``path``."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+def agreed_latest(directory: str | Path, comm: Any) -> tuple[Path, dict[str, Any]] | None:
+    """:func:`latest`, read by every rank of ``comm`` itself (in parallel: a broadcast of a
+    large pickled state from rank 0 was slower); CheckpointError unless they agree."""
+    found = latest(directory)
+    picked = "" if found is None else found[0].name
+    if comm.allgather(picked).count(picked) != comm.size:
+        raise CheckpointError(f"ranks read different checkpoints in {directory}")
+    return found
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, numpy and Python RNG states, for a checkpoint."""
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,9 +43,10 @@ import torch
 from mpi4py import MPI
 
 from .batches import open_samples
-from .checkpoint import CheckpointError, latest, save_checkpoint
+from .checkpoint import agreed_latest, rng_state, save_atomically, save_checkpoint, set_rng_state
 from .data import step_plan
 from .reports import ReportSink
+from .trainer import rank_device
 
 __all__ = [
     "Session",
@@ -113,11 +113,7 @@ class Session:
                 # Taken at the last step of a loader pass, before the loop's code after it
                 # (evaluation, commit): a resumed run first finishes that pass, empty.
                 "at_pass_end": at_pass_end,
-                "rng": {
-                    "torch": torch.get_rng_state(),
-                    "numpy": np.random.get_state(),
-                    "python": random.getstate(),
-                },
+                "rng": rng_state(),
                 "stopped_at": time.time() if stopped else None,
                 "pid": os.getpid(),
             }
@@ -199,13 +195,7 @@ def is_main() -> bool:
 
 def device() -> torch.device:
     """``cuda:<local rank>`` of the GPUs this rank sees, else the CPU."""
-    comm = _session().comm
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    index = local.rank % torch.cuda.device_count()
-    local.Free()
-    return torch.device("cuda", index)
+    return rank_device(_session().comm)
 
 
 class State:
@@ -226,18 +216,13 @@ class State:
             object.__setattr__(self, key, value)
         s.state = self
         s.before_load()  # a warm start waits here for the previous fragment's checkpoint
-        found = latest(s.checkpoint_dir) if s.checkpoint_dir is not None else None
-        picked = "" if found is None else found[0].name
-        if s.comm.allgather(picked).count(picked) != s.comm.size:
-            raise CheckpointError(f"ranks read different checkpoints in {s.checkpoint_dir}")
+        found = None if s.checkpoint_dir is None else agreed_latest(s.checkpoint_dir, s.comm)
         if found is not None:
             saved = found[1]
             self.load_state_dict(saved["loop"])
             s.samples, s.steps = int(saved["samples"]), int(saved["steps"])
             s.metrics_history = list(saved.get("metrics_history") or [])
-            torch.set_rng_state(saved["rng"]["torch"])
-            np.random.set_state(saved["rng"]["numpy"])
-            random.setstate(saved["rng"]["python"])
+            set_rng_state(saved["rng"])
             self.stopped_at = saved.get("stopped_at")
             s.resume_in_pass_end = bool(saved.get("at_pass_end"))
         for obj in self._objects.values():  # the same start on every rank
@@ -370,10 +355,6 @@ def save(obj: Any, path: str | os.PathLike) -> str | None:
     s = _session()
     if s.comm.rank != 0:
         return None
-    target = Path(path).expanduser().resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, target)
+    target = save_atomically(obj, Path(path).expanduser().resolve())
     s.model_path = str(target)
     return s.model_path

@@ -27,7 +27,7 @@ import torch
 from mpi4py import MPI
 
 from .batches import open_samples, to_device
-from .checkpoint import CheckpointError, latest, save_checkpoint
+from .checkpoint import agreed_latest, rng_state, save_atomically, save_checkpoint, set_rng_state
 from .data import step_plan, total_steps
 from .exchange import FlatGradients, fingerprint
 from .reports import ReportSink
@@ -200,9 +200,9 @@ class TrainOutcome:
     model_path: str | None = None
 
 
-def _device(task: TrainingTask, comm: MPI.Comm) -> torch.device:
-    """This rank's device: ``cuda:<local rank>`` of the visible GPUs, or the CPU."""
-    want = task.device
+def rank_device(comm: MPI.Comm, want: str = "auto") -> torch.device:
+    """This rank's device: ``cuda:<local rank>`` of the GPUs it sees (``"auto"``: if there
+    are any), or the CPU."""
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
     if want == "cpu":
@@ -278,7 +278,7 @@ class ElasticTrainer:
                 f"world size {world} exceeds the samples per step "
                 f"({min(task.global_batch, n)}): some ranks would get no sample"
             )
-        device = _device(task, comm)
+        device = rank_device(comm, task.device)
         self._seed()
         model = task.model()
         if not isinstance(model, torch.nn.Module):
@@ -309,13 +309,8 @@ class ElasticTrainer:
         # A warm start: everything above (imports, model, optimizer) ran while the fragment's
         # previous run was still stopping; wait for its checkpoint only now.
         self.before_load()
-        # Every rank picks and reads the newest readable checkpoint itself, in parallel (a
-        # broadcast of ~100 MB of pickled state from rank 0 was slower); they check they agree.
-        found = latest(self.checkpoint_dir)
+        found = agreed_latest(self.checkpoint_dir, comm)
         state = None if found is None else found[1]
-        picked = "" if found is None else found[0].name
-        if comm.allgather(picked).count(picked) != world:
-            raise CheckpointError(f"ranks read different checkpoints in {self.checkpoint_dir}")
         samples = steps = 0
         stopped_at = None
         history: list[dict[str, float]] = []
@@ -333,9 +328,7 @@ class ElasticTrainer:
                     obj.load_state_dict(state["user_state"][key])
             history = list(state.get("metrics_history") or [])
             samples, steps = int(state["samples"]), int(state["steps"])
-            torch.set_rng_state(state["rng"]["torch"])
-            np.random.set_state(state["rng"]["numpy"])
-            random.setstate(state["rng"]["python"])
+            set_rng_state(state["rng"])
             stopped_at = state.get("stopped_at")
         loaded_at = time.time()
         self._check_same_model(params)
@@ -478,11 +471,7 @@ class ElasticTrainer:
             "samples": samples,
             "steps": steps,
             "epoch": samples // saved["n"],
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-            },
+            "rng": rng_state(),
             "stopped_at": stopped_at,
             "pid": os.getpid(),
         }
@@ -490,13 +479,6 @@ class ElasticTrainer:
 
 
 def _save_model(model: torch.nn.Module, path: Path) -> str:
-    """The model's state dict at ``path``, written atomically; its absolute path."""
-    path = path.expanduser().resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return str(path)
+    """The model's state dict (on the CPU) at ``path``, written atomically; its absolute path."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return str(save_atomically(state, path.expanduser().resolve()))
