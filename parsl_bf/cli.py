@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import config_reference
-from . import run as run_cli
 from .allocation import AllocationInputError, AllocationProblem, SolverUnavailableError, allocate
+from .commands import run as run_command
+from .commands import status as status_command
 from .replay import cli as replay_cli
 
 __all__ = ["main"]
@@ -33,10 +34,11 @@ def _solve(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .allocation import AllocatorSettings
     from .config import ConfigError, validate_config
 
     try:
-        config, allocator = validate_config(args.config)
+        config = validate_config(args.config)
     except (ConfigError, OSError) as exc:
         print(f"parsl-bf validate: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -46,17 +48,11 @@ def _validate(args: argparse.Namespace) -> int:
         else e.label
         for e in config.executors
     )
-    # The allocator settings matter only to executors that take them (a BackfillExecutor).
-    uses_allocator = any(hasattr(e, "apply_allocator_settings") for e in config.executors)
     summary = f"{args.config}: ok: executors {labels}"
-    if uses_allocator:
-        summary += f"; allocator {allocator.model_dump(mode='json')}"
+    for e in config.executors:  # the allocation policy of each executor that has one
+        if isinstance(getattr(e, "allocator", None), AllocatorSettings):
+            summary += f"; {e.label} allocator {e.allocator.model_dump(mode='json')}"
     print(summary)
-    if not uses_allocator and allocator.model_fields_set:  # an allocator: section set keys
-        print(
-            f"{args.config}: note: the allocator section has no effect: no executor takes it "
-            "(only a BackfillExecutor does)"
-        )
     return 0
 
 
@@ -93,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("config", help="YAML config file")
     validate.set_defaults(func=_validate)
-    run_cli.add_parsers(sub)
+    run_command.add_parser(sub)
+    status_command.add_parser(sub)
     config_reference.add_parser(sub)
     return parser
 

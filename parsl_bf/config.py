@@ -12,9 +12,6 @@ A config file describes executors, providers and launchers as objects with a ``t
           type: LocalBackfillProvider
           nodes: 2
           trace: ${PARSL_BF_DATA}/trace
-    allocator:
-      objective: throughput
-      tfwd: auto
     retries: 1
 
 ``${VAR}`` takes an environment variable. A value for a parameter whose annotation includes
@@ -22,8 +19,8 @@ A config file describes executors, providers and launchers as objects with a ``t
 is relative to the YAML file's directory (not the working directory), and it must exist. Every
 mistake is reported as ``file:line path: message`` (an unknown key, a wrong type, an unknown
 class, an unset variable, a missing file, a value out of range), never as a traceback.
-``allocator`` holds the elastic allocator's settings, kept on the returned config as
-``config.parsl_bf_allocator`` for the backfill executor.
+A parameter annotated with a pydantic model (the BackfillExecutor's ``allocator``) takes a
+mapping of that model's fields, checked key by key on their own lines.
 """
 
 from __future__ import annotations
@@ -34,19 +31,18 @@ import os
 import re
 import typing
 from pathlib import Path, PurePath
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from .allocation import Objective
-from .providers.base import SettingError, check_tfwd
+from .providers.base import SettingError
 
-__all__ = ["ConfigError", "AllocatorSettings", "load_config", "validate_config"]
+__all__ = ["ConfigError", "CONFIG_KEYS", "CLASS_MODULES", "load_config", "validate_config"]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Where short class names are looked up, in order.
-_MODULES = (
+#: Where short class names (``type: LocalBackfillProvider``) are looked up, in order.
+CLASS_MODULES = (
     "parsl_bf.providers",
     "parsl_bf.executor",
     "parsl.executors",
@@ -56,8 +52,8 @@ _MODULES = (
     "parsl.monitoring",
     "parsl.addresses",
 )
-# Top-level keys passed to parsl.config.Config as they are.
-_CONFIG_KEYS = (
+#: Top-level keys passed to ``parsl.config.Config`` as they are.
+CONFIG_KEYS = (
     "retries",
     "retry_handler",
     "run_dir",
@@ -73,41 +69,6 @@ _CONFIG_KEYS = (
 
 class ConfigError(ValueError):
     """A config mistake, located as ``file:line path: message``."""
-
-
-class AllocatorSettings(BaseModel):
-    """The elastic allocator's settings (``allocator:`` in the YAML)."""
-
-    # allow_inf_nan: ``time_limit: .nan`` passes ``gt=0`` (nan fails no comparison).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    objective: Objective = Field(
-        Objective.THROUGHPUT,
-        description="What the allocator maximises (formulas in `parsl_bf.allocation.gains`).",
-    )
-    tfwd: float | Literal["auto"] = Field(
-        "auto",
-        description='Look-ahead of each allocation, in seconds; "auto": the median walltime '
-        "of the pilots so far (i.e. of the holes).",
-    )
-    time_limit: float = Field(
-        10.0, gt=0, description="Time limit of the MILP solver at each event, in seconds."
-    )
-    max_tasks: int = Field(10, ge=1, description="The most elastic training tasks at once.")
-    checkpoint_every: int = Field(
-        20,
-        ge=1,
-        description="Training steps between checkpoints (bounds what a preemption can lose).",
-    )
-
-    @field_validator("tfwd", mode="before")
-    @classmethod
-    def _tfwd(cls, value: Any) -> Any:
-        """``"auto"`` or a positive, finite number of seconds (a string from ``${VAR}`` too)."""
-        try:
-            return check_tfwd(value)
-        except SettingError as exc:  # pydantic reports a ValueError's words
-            raise ValueError(exc.message) from None
 
 
 class _Located:
@@ -128,7 +89,8 @@ class _Located:
         self.data = self._convert(node, ())
 
     def _convert(self, node: yaml.Node, at: tuple) -> Any:
-        self.lines[at] = node.start_mark.line + 1
+        # A mapping's key keeps its own line (its value, a nested mapping, starts below it).
+        self.lines.setdefault(at, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             out = {}
             for key_node, value_node in node.value:
@@ -160,7 +122,7 @@ def _resolve(name: str) -> type:
     if ":" in name:
         module, _, attr = name.partition(":")
         return getattr(importlib.import_module(module), attr)
-    for module in _MODULES:
+    for module in CLASS_MODULES:
         try:
             found = getattr(importlib.import_module(module), name, None)
         except ImportError:
@@ -225,6 +187,28 @@ def _name(hint: Any) -> str:
     return str(hint).replace("typing.", "")
 
 
+def _model(hint: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation admits (``Settings | dict | None`` → Settings)."""
+    for arg in (hint, *typing.get_args(hint)):
+        if inspect.isclass(arg) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _settings(doc: _Located, model: type[BaseModel], value: dict, at: tuple) -> BaseModel:
+    """A mapping as ``model``, a mistake located at its own key's line."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = f"unknown key (allowed: {', '.join(model.model_fields)})"
+        elif err["type"] == "value_error":  # our validators' words, without pydantic's prefix
+            message = str(err["ctx"]["error"])
+        raise doc.error((*at, *err["loc"]), message) from None
+
+
 def _build(doc: _Located, value: Any, at: tuple) -> Any:
     """Instantiate ``type:`` objects depth first; other values pass through."""
     if isinstance(value, list):
@@ -242,8 +226,15 @@ def _build(doc: _Located, value: Any, at: tuple) -> Any:
         if key not in params and not takes_any:
             allowed = ", ".join(p for p in params if p not in ("self", "args", "kwargs"))
             raise doc.error((*at, key), f"unknown key for {cls.__name__} (allowed: {allowed})")
-    built = {k: _build(doc, v, (*at, k)) for k, v in kwargs.items()}
     hints = _hints(cls)
+    built = {}
+    for key, v in kwargs.items():
+        model = _model(hints.get(key))
+        built[key] = (
+            _settings(doc, model, v, (*at, key))
+            if model is not None and isinstance(v, dict) and "type" not in v
+            else _build(doc, v, (*at, key))
+        )
     for key, v in built.items():
         if key in hints and isinstance(v, str) and _is_path(hints[key]):
             v = built[key] = _path(doc, v, (*at, key))
@@ -259,8 +250,8 @@ def _build(doc: _Located, value: Any, at: tuple) -> Any:
         raise doc.error(at, f"{cls.__name__}: {exc}".splitlines()[0]) from None
 
 
-def validate_config(path: str | Path) -> tuple[Any, AllocatorSettings]:
-    """Parse and check ``path``; returns the Parsl ``Config`` and the allocator settings."""
+def validate_config(path: str | Path) -> Any:
+    """Parse and check ``path``; returns the ``parsl.config.Config`` (nothing started)."""
     from parsl.config import Config
 
     doc = _Located(Path(path))
@@ -268,38 +259,26 @@ def validate_config(path: str | Path) -> tuple[Any, AllocatorSettings]:
     if not isinstance(data, dict):
         raise doc.error((), "expected a mapping with 'executors'")
     for key in data:
-        if key not in ("executors", "allocator", *_CONFIG_KEYS):
+        if key == "allocator":
             raise doc.error(
                 (key,),
-                "unknown key (allowed: executors, allocator, " + ", ".join(_CONFIG_KEYS) + ")",
+                "the allocator's settings now go under the BackfillExecutor that uses them "
+                "(executors: - type: BackfillExecutor ... allocator: {...})",
+            )
+        if key not in ("executors", *CONFIG_KEYS):
+            raise doc.error(
+                (key,), "unknown key (allowed: executors, " + ", ".join(CONFIG_KEYS) + ")"
             )
     if not isinstance(data.get("executors"), list) or not data["executors"]:
         raise doc.error(("executors",), "needs a list of at least one executor")
-    try:
-        allocator = AllocatorSettings.model_validate(data.get("allocator") or {})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        message = err["msg"]
-        if err["type"] == "extra_forbidden":
-            allowed = ", ".join(AllocatorSettings.model_fields)
-            message = f"unknown key for allocator (allowed: {allowed})"
-        elif err["type"] == "value_error":  # our validators' words, without pydantic's prefix
-            message = str(err["ctx"]["error"])
-        raise doc.error(("allocator", *err["loc"]), message) from None
     executors = _build(doc, data["executors"], ("executors",))
-    extra = {k: _build(doc, data[k], (k,)) for k in _CONFIG_KEYS if k in data}
+    extra = {k: _build(doc, data[k], (k,)) for k in CONFIG_KEYS if k in data}
     try:
-        config = Config(executors=executors, **extra)
+        return Config(executors=executors, **extra)
     except Exception as exc:
         raise doc.error((), f"Config: {exc}".splitlines()[0]) from None
-    return config, allocator
 
 
 def load_config(path: str | Path):
     """The ``parsl.config.Config`` of a YAML file (``with parsl.load(load_config(p)):``)."""
-    config, allocator = validate_config(path)
-    config.parsl_bf_allocator = allocator
-    for executor in config.executors:
-        if hasattr(executor, "apply_allocator_settings"):  # a BackfillExecutor
-            executor.apply_allocator_settings(allocator)
-    return config
+    return validate_config(path)

@@ -1,10 +1,11 @@
 """The YAML configuration reference (``docs/config-reference.md``), generated from the code.
 
-Everything in it comes from what :mod:`parsl_bf.config` accepts: the ``allocator:`` table from
-:class:`~parsl_bf.config.AllocatorSettings`, the Parsl keys from ``parsl.config.Config``'s
-signature and docstring, and one table per class of ours from its constructor's signature and
-the numpy-style ``Parameters`` section of its docstring. ``parsl-bf config-reference --out
-docs/config-reference.md`` rewrites the file; a unit test checks that it is current.
+Everything in it comes from what :mod:`parsl_bf.config` accepts: the executor's
+``allocator:`` table from :class:`~parsl_bf.allocation.AllocatorSettings`, the Parsl keys from
+``parsl.config.Config``'s signature and docstring, and one table per class of ours from its
+constructor's signature and the numpy-style ``Parameters`` section of its docstring.
+``parsl-bf config-reference --out docs/config-reference.md`` rewrites the file; a unit test
+checks that it is current.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import _CONFIG_KEYS, _MODULES, AllocatorSettings
+from .allocation import AllocatorSettings
+from .config import CLASS_MODULES, CONFIG_KEYS
 
 __all__ = [
     "CLASSES",
@@ -46,15 +48,15 @@ EXAMPLE = """\
 executors:
   - type: BackfillExecutor
     label: bf
+    allocator:
+      objective: throughput
+      tfwd: auto
     provider:
       type: LocalBackfillProvider
       nodes: 8
       trace: null            # a synthetic idle/busy cycle
       max_walltime: "00:30:00"
       worker_init: ${WORKER_INIT}
-allocator:
-  objective: throughput
-  tfwd: auto
 retries: 2
 """
 
@@ -254,11 +256,11 @@ def _allocator_section() -> list[str]:
             )
         )
     return [
-        "### `allocator`",
+        "### `allocator` (under a `BackfillExecutor`)",
         "",
-        "The elastic allocator's settings (`parsl_bf.config.AllocatorSettings`); every key is "
-        "optional. `parsl_bf.load_config` hands the keys it sets to each `BackfillExecutor` of "
-        "the config; the others keep the executor's own values.",
+        "The allocation policy (`parsl_bf.allocation.AllocatorSettings`), a mapping under the "
+        "executor that uses it; every key is optional. `parsl-bf replay` takes the same "
+        "settings as flags, and runs the same policy object.",
         "",
         *_table(("key", "type", "default", "constraints", "description"), rows),
     ]
@@ -270,7 +272,7 @@ def _parsl_section() -> list[str]:
     params = inspect.signature(Config).parameters
     documented = parse_parameters(Config.__doc__)
     rows = []
-    for key in _CONFIG_KEYS:
+    for key in CONFIG_KEYS:
         if key not in params:
             rows.append(
                 (
@@ -318,14 +320,6 @@ def _class_section(module: str, name: str) -> list[str]:
         _markdown(_first_paragraph(cls.__doc__)),
         "",
     ]
-    overridden = [p.name for p in params if p.name in AllocatorSettings.model_fields]
-    if overridden:
-        keys = ", ".join(f"`{k}`" for k in overridden)
-        lines += [
-            f"In a YAML config, the `allocator:` section's keys take precedence over the "
-            f"executor's own {keys}; those it does not set keep the executor's values.",
-            "",
-        ]
     return lines + _table(("key", "type", "default", "description"), rows)
 
 
@@ -349,7 +343,7 @@ def render() -> str:
         "- **Objects**: a mapping with a `type:` key is an instance of that class, its other keys "
         "being the constructor's arguments (objects nest: an executor's `provider:`, a "
         "provider's `launcher:`). A short `type:` name is looked up in "
-        + ", ".join(f"`{m}`" for m in _MODULES)
+        + ", ".join(f"`{m}`" for m in CLASS_MODULES)
         + ", in that order; `package.module:Class` names any other class.",
         "- **Keys and values** are checked against the constructor: an unknown key is an error "
         "(the message lists the allowed ones), and a value must fit the parameter's annotation "
@@ -370,8 +364,6 @@ def render() -> str:
         "Required: a list of at least one executor object, e.g. `type: BackfillExecutor` or any "
         "Parsl executor (`type: HighThroughputExecutor`).",
         "",
-        *_allocator_section(),
-        "",
         *_parsl_section(),
         "",
         "## Classes of parsl_bf",
@@ -379,6 +371,8 @@ def render() -> str:
     ]
     for module, name in CLASSES:
         lines += [*_class_section(module, name), ""]
+        if name == "BackfillExecutor":
+            lines += [*_allocator_section(), ""]
     lines += [
         "## Parsl's own classes",
         "",

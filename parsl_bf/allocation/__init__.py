@@ -12,6 +12,7 @@ from .exact import solve_exact
 from .gains import affine_runs, gain_table, score
 from .milp import solve_milp
 from .plan import Action, NodePlan, TaskPlan, plan
+from .policy import POLICIES, AllocatorSettings, Policy
 from .spec import Allocation, AllocationProblem, Objective, SolveStatus, TaskSpec
 
 __all__ = [
@@ -20,9 +21,12 @@ __all__ = [
     "AllocationError",
     "AllocationInputError",
     "AllocationProblem",
+    "AllocatorSettings",
     "NodePlan",
     "Objective",
     "PlanError",
+    "POLICIES",
+    "Policy",
     "SolveStatus",
     "SolverUnavailableError",
     "TaskPlan",

@@ -30,6 +30,7 @@ from typing import Any
 
 import zmq
 
+from .. import environment
 from .channel import read_secret, sign, verify
 
 __all__ = ["Agent", "Identity", "main"]
@@ -59,14 +60,18 @@ class Identity:
         """From the pilot's environment; outside a pilot: ``hostname:pid`` on this host."""
         env = dict(os.environ if env is None else env)
         host = socket.gethostname()
-        nodes = tuple(n.strip() for n in env.get("PARSL_BF_NODES", "").split(",") if n.strip())
+        nodes = tuple(
+            n.strip() for n in env.get(environment.PILOT_NODES, "").split(",") if n.strip()
+        )
         ends_at = None
-        if env.get("PARSL_BF_PILOT_END"):
+        if env.get(environment.PILOT_END):
             try:
-                ends_at = float(env["PARSL_BF_PILOT_END"])
+                ends_at = float(env[environment.PILOT_END])
             except ValueError:
-                log.warning("PARSL_BF_PILOT_END=%r is not a time", env["PARSL_BF_PILOT_END"])
-        pilot = env.get("PARSL_BF_JOB_ID") or f"{host}:{os.getpid()}"
+                log.warning(
+                    "%s=%r is not a time", environment.PILOT_END, env[environment.PILOT_END]
+                )
+        pilot = env.get(environment.PILOT_JOB_ID) or f"{host}:{os.getpid()}"
         return cls(pilot, nodes or (host,), ends_at, host)
 
 

@@ -1,17 +1,40 @@
-"""The executor's decisions, without I/O: which fragment runs where, after every event.
+"""The BackfillExecutor's decision core: every decision about pilots, fragments and tasks,
+without I/O.
 
 The :class:`Controller` holds what the executor knows (live pilots and their nodes, elastic
-training tasks and plain tasks) and turns each event into :class:`Action`s for the executor to
-carry out. On every event that may change the best allocation it re-solves with the allocator
-(same code and objectives as the replay simulator), maps the counts to nodes without migration
-(:func:`parsl_bf.allocation.plan`), and rescales a fragment by handing it over to a new one.
+training tasks, plain tasks, the processes each fragment runs) and turns each batch of
+:mod:`~parsl_bf.executor.lifecycle` events into commands for the executor's I/O shell to carry
+out: :meth:`Controller.handle`. It has no clock: each batch comes with ``now``.
 
-A rescale is warm when every node the new size adds is free: the new fragment starts at once
-on its nodes (sharing the kept ones with the old ranks for a moment), imports and builds its
-model while the old one keeps training, and the old one is stopped only when the new one is
-ready (``StopFragment.when_ready``); the new ranks then wait for the old result and take over
-from its checkpoint. Otherwise (nodes still held by another task, or ``warm_rescale=False``)
-it is cold: stop, and start the new size at the decision after the stop.
+**One decision per batch.** Each event updates the state; then, if any event may have changed
+the best allocation (a pilot came or went, a task arrived, a fragment or a plain app ended),
+the allocator solves once (:class:`~parsl_bf.allocation.AllocatorSettings`, the same policy
+object as the replay's), the counts are mapped to nodes without migration
+(:func:`parsl_bf.allocation.plan`), and fragments are started, handed over or stopped.
+
+**The fragment lifecycle.**
+
+- *Start*: :class:`StartFragment` with one launcher per pilot; the controller records the
+  fragment's process keys and waits for each to exit.
+- *Warm rescale*, when every node the new size adds is free: the successor starts at once
+  (sharing the kept nodes with the old ranks for a moment) and builds its model while the old
+  fragment keeps training; at :class:`FragmentReady` (or at the hand-over deadline, or when the
+  successor ends first) the old one is told to checkpoint and exit, and the successor takes
+  over from its result. Otherwise (nodes still held by another task, or
+  ``warm_rescale=False``) it is *cold*: stop, then start the new size at the decision after
+  the stop.
+- *Stop*: ``TERM`` to each of the fragment's launchers; ``KILL`` to what is left after
+  ``stop_grace_s`` (ranks blocked on a peer that died with its pilot).
+- *Exit classification*, when a fragment's last process has exited: its result says ``done``
+  (the task's future resolves), or ``stopped``, or it was asked to stop, or its processes were
+  lost with a pilot: it continues from its checkpoint at the next decision. A fragment that a
+  successor supersedes and that left no result is marked lost (:class:`MarkLost`) so that the
+  successor takes over from the last checkpoint. Anything else is a failure of the task. When
+  one launcher of several ends alone, the others are stopped.
+- *Pilots*: a pilot that is preempted, cancelled or near its walltime (``walltime_notice_s``)
+  is leaving: its fragments checkpoint now and its nodes are not offered again. A pilot gone
+  takes its processes with it: its plain apps are queued again, its fragments' launchers there
+  count as lost.
 
 Beyond the paper's model:
 - a node's value is its pilot's remaining walltime: growing tasks take the longest-lived nodes,
@@ -27,23 +50,37 @@ tasks are given the rest; elastic tasks do not grow while plain tasks wait for a
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..allocation import Allocation, AllocationProblem, Objective, TaskSpec, allocate, plan
+from ..allocation import Allocation, AllocationProblem, AllocatorSettings, TaskSpec, plan
+from .lifecycle import (
+    Command,
+    Evaluated,
+    Event,
+    Fail,
+    FragmentReady,
+    MarkLost,
+    Note,
+    PilotGone,
+    PilotLeaving,
+    PilotUp,
+    Placement,
+    ProcessExited,
+    Progress,
+    Rescaled,
+    Resolve,
+    RunPlain,
+    Signal,
+    StartFragment,
+    TaskSubmitted,
+    Tick,
+    fragment_key,
+    parse_key,
+)
 
-__all__ = [
-    "Controller",
-    "ElasticTask",
-    "PlainTask",
-    "PilotView",
-    "StartFragment",
-    "StopFragment",
-    "RunPlain",
-    "Action",
-    "node_id",
-]
+__all__ = ["Controller", "ElasticTask", "PlainTask", "PilotView", "Fragment", "node_id"]
 
 # A node is named "<pilot>/<host>": the same host may come back in another pilot.
 Node = str
@@ -93,6 +130,8 @@ class ElasticTask:
     previous: tuple[int, tuple[Node, ...]] | None = None
     measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
     measured_rescale_s: list[float] = field(default_factory=list)
+    metrics: dict[str, Any] | None = None  # the latest evaluation, for parsl-bf status
+    resolved: bool = False  # its future has its result (or error)
 
     def curve(
         self, siblings: Mapping[int, list[float]] | None = None
@@ -137,36 +176,27 @@ class PlainTask:
     attempts: int = 0
 
 
-@dataclass(frozen=True)
-class StartFragment:
-    """Start ``task``'s fragment number ``generation`` on these hosts of these pilots; with
-    ``after``, as a warm successor of that generation (it takes over from its checkpoint)."""
+@dataclass
+class Fragment:
+    """A fragment whose launchers have not all exited yet."""
 
     task: str
     generation: int
-    placement: tuple[tuple[str, tuple[str, ...]], ...]  # (pilot, hosts) per group
-    after: int | None = None
+    running: dict[str, str]  # process key → pilot, until it exits or is lost
+    result: dict[str, Any] | None = None  # the latest result.json seen at an exit
+    stop_reason: str | None = None  # why it was told to stop (TERM sent), None: not told
+    kill_at: float | None = None  # KILL what is left then
+    lost: bool = False  # a launcher went with its pilot
+    code: int = 0  # the first non-zero exit code
 
 
-@dataclass(frozen=True)
-class StopFragment:
-    """Ask the fragment's ranks to checkpoint and exit (a rescale, a stop, a preemption); with
-    ``when_ready``, only once that generation of the task is set up (a warm rescale)."""
+@dataclass
+class _Handover:
+    """A warm successor's predecessor, to stop once the successor is ready (or at deadline)."""
 
-    task: str
-    generation: int
+    previous: int  # the generation to stop
     reason: str
-    when_ready: int | None = None
-
-
-@dataclass(frozen=True)
-class RunPlain:
-    task: str
-    pilot: str
-    host: str
-
-
-Action = StartFragment | StopFragment | RunPlain
+    deadline: float
 
 
 def _split(node: Node) -> tuple[str, str]:
@@ -174,14 +204,18 @@ def _split(node: Node) -> tuple[str, str]:
     return pilot, host
 
 
+# Events after which the best allocation may differ: the batch ends with a decision.
+_DECIDE_AFTER = (PilotUp, PilotLeaving, PilotGone, TaskSubmitted, ProcessExited)
+
+
 class Controller:
     """Decisions of the BackfillExecutor; see the module docstring.
 
     Parameters
     ----------
-    objective, tfwd, time_limit
-        The allocator's objective, look-ahead (seconds; None: the median walltime of the
-        pilots seen so far, i.e. of the holes, 60 s until one is known) and solver time limit.
+    allocator
+        The allocation policy (method, objective, look-ahead, solver time limit); an ``auto``
+        look-ahead is the median walltime of the pilots seen so far, i.e. of the holes.
     max_tasks
         Elastic tasks running at once (first come first served).
     min_node_life_s
@@ -189,132 +223,316 @@ class Controller:
     warm_rescale
         Hand a rescaled fragment over to its successor warm when the nodes allow (module
         docstring); False: always stop first, then start.
+    walltime_notice_s
+        A pilot this close to its end is leaving: its fragments checkpoint and stop.
+    handover_timeout_s
+        A warm successor not ready by then: its predecessor is stopped anyway (the successor
+        takes over from the checkpoint whenever it is ready).
+    stop_grace_s
+        A fragment told to stop whose launchers have not all exited by then is killed.
     """
 
     def __init__(
         self,
-        objective: Objective | str = Objective.THROUGHPUT,
-        tfwd: float | None = 60.0,
-        time_limit: float = 10.0,
+        allocator: AllocatorSettings | None = None,
         max_tasks: int = 10,
         min_node_life_s: float = 0.0,
         warm_rescale: bool = True,
+        walltime_notice_s: float = 5.0,
+        handover_timeout_s: float = 120.0,
+        stop_grace_s: float = 45.0,
     ) -> None:
-        self.objective = Objective(objective)
-        self.tfwd, self.time_limit = tfwd, time_limit
+        self.allocator = allocator or AllocatorSettings()
         self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
         self.warm_rescale = warm_rescale
+        self.walltime_notice_s = walltime_notice_s
+        self.handover_timeout_s, self.stop_grace_s = handover_timeout_s, stop_grace_s
         self.pilots: dict[str, PilotView] = {}
         self.elastic: dict[str, ElasticTask] = {}
         self.plain: dict[str, PlainTask] = {}
+        self.fragments: dict[tuple[str, int], Fragment] = {}  # (task, generation) → running
+        # (task, successor generation) → the warm hand-over waiting for that successor
+        self.handovers: dict[tuple[str, int], _Handover] = {}
         self.last_allocation: Allocation | None = None
         self.solves = 0
+        self.preemptions = 0
         self.hole_lengths: list[float] = []
-        # The run's accounting (DESIGN.md's replay metrics, measured): node-seconds offered by
+        # The run's accounting (docs/replay.md's metrics, measured): node-seconds offered by
         # pilots not leaving, node-seconds running tasks, and when it was last brought up to date.
         self.offered_node_s = self.used_node_s = 0.0
         self._accounted_at: float | None = None
 
     @property
     def effective_tfwd(self) -> float:
-        if self.tfwd is not None:
-            return self.tfwd
-        return statistics.median(self.hole_lengths) if self.hole_lengths else 60.0
+        return self.allocator.lookahead(self.hole_lengths)
 
-    # --- events -----------------------------------------------------------------------------
+    # --- the one entry point ----------------------------------------------------------------
 
-    def pilot_up(self, pilot: str, hosts: Iterable[str], ends_at: float | None, now: float):
-        self.pilots[pilot] = PilotView(pilot, tuple(hosts), ends_at)
-        if ends_at is not None:
-            self.hole_lengths.append(max(1.0, ends_at - now))
-        return self.decide(now)
+    def handle(self, events: Sequence[Event], now: float) -> list[Command]:
+        """Take a batch of events seen up to ``now``; return the commands, in order. One
+        allocation decision at the end, if any event may have changed it."""
+        self.account(now)
+        out: list[Command] = []
+        decide = False
+        for event in events:
+            decide |= self._on(event, now, out)
+        if decide:
+            self._decide(now, out)
+        return out
 
-    def pilot_leaving(self, pilot: str, now: float, reason: str = "preempted") -> list[Action]:
-        """The pilot was told to go (preemption, walltime end): its fragments checkpoint now."""
-        view = self.pilots.get(pilot)
-        if view is None or view.leaving:
-            return []
-        view.leaving = True
-        actions: list[Action] = []
+    def _on(self, event: Event, now: float, out: list[Command]) -> bool:
+        if isinstance(event, PilotUp):
+            self.pilots[event.pilot] = PilotView(event.pilot, tuple(event.hosts), event.ends_at)
+            if event.ends_at is not None:
+                self.hole_lengths.append(max(1.0, event.ends_at - now))
+        elif isinstance(event, PilotLeaving):
+            view = self.pilots.get(event.pilot)
+            if view is None or view.leaving:
+                return False
+            view.leaving = True
+            self.preemptions += event.reason == "preempted"
+            self._stop_fragments_on(event.pilot, event.reason, now, out)
+        elif isinstance(event, PilotGone):
+            self._pilot_gone(event.pilot, now, out)
+        elif isinstance(event, TaskSubmitted):
+            task = event.task
+            (self.elastic if isinstance(task, ElasticTask) else self.plain)[task.id] = task
+        elif isinstance(event, ProcessExited):
+            task_id, generation, _group = parse_key(event.key)
+            if generation is None:
+                return self._plain_exited(task_id, event, out)
+            return self._launcher_exited(
+                task_id, generation, event.key, event.code, event.result, now, out
+            )
+        elif isinstance(event, Progress):
+            self._progress(event)
+        elif isinstance(event, Evaluated):
+            task = self.elastic.get(event.task)
+            if task is not None:
+                task.metrics = {"samples": event.samples, **event.metrics}
+        elif isinstance(event, Rescaled):
+            task = self.elastic.get(event.task)
+            if task is not None and event.seconds >= 0:
+                task.measured_rescale_s.append(event.seconds)
+                del task.measured_rescale_s[:-MEASURED_KEPT]
+        elif isinstance(event, FragmentReady):
+            handover = self.handovers.pop((event.task, event.generation), None)
+            if handover is not None:
+                self._stop(event.task, handover.previous, handover.reason, now, out)
+        elif isinstance(event, Tick):
+            return self._tick(now, out)
+        return isinstance(event, _DECIDE_AFTER)
+
+    # --- pilots -----------------------------------------------------------------------------
+
+    def _stop_fragments_on(self, pilot: str, reason: str, now: float, out: list[Command]) -> None:
+        """The pilot goes: every fragment with a node on it checkpoints now."""
         for task in self.elastic.values():
             hit = task.state == "running" and any(_split(n)[0] == pilot for n in task.nodes)
             if hit:
                 task.state = "stopping"
-                actions.append(StopFragment(task.id, task.generation, reason))
+                self._stop(task.id, task.generation, reason, now, out)
             if task.previous is not None and (
                 hit or any(_split(n)[0] == pilot for n in task.previous[1])
             ):
                 # Its successor is stopping or its own nodes go: no hand-over, stop it now.
-                actions.append(StopFragment(task.id, task.previous[0], reason))
-        return actions + self.decide(now)
+                self._stop(task.id, task.previous[0], reason, now, out)
 
-    def pilot_gone(self, pilot: str, now: float) -> list[Action]:
-        """The pilot ended or stopped answering. Plain tasks on it are queued again (a
-        preemption is not their failure); fragments on it were stopped (or are stopped now)."""
-        actions = self.pilot_leaving(pilot, now, "pilot gone")
-        self.pilots.pop(pilot, None)
+    def _pilot_gone(self, pilot: str, now: float, out: list[Command]) -> None:
+        """Its processes are gone: plain apps there run again (a preemption is not their
+        failure), fragments there stop, and their launchers on it count as lost."""
+        view = self.pilots.pop(pilot, None)
+        if view is not None and not view.leaving:
+            view.leaving = True
+        self._stop_fragments_on(pilot, "pilot gone", now, out)
+        for fragment in list(self.fragments.values()):
+            for key in [k for k, p in fragment.running.items() if p == pilot]:
+                self._launcher_exited(
+                    fragment.task, fragment.generation, key, -9, None, now, out, lost=True
+                )
         for task in self.plain.values():
             if task.state == "running" and task.node and _split(task.node)[0] == pilot:
                 task.state, task.node = "queued", None
-        return actions + self.decide(now)
+                out.append(Note("task_requeued", {"task": task.id, "reason": "pilot gone"}))
 
-    def submit_elastic(self, task: ElasticTask, now: float) -> list[Action]:
-        self.elastic[task.id] = task
-        return self.decide(now)
+    def _tick(self, now: float, out: list[Command]) -> bool:
+        """Deadlines: late hand-overs, stops not obeyed, pilots reaching their walltime."""
+        for (task_id, successor), handover in list(self.handovers.items()):
+            if now > handover.deadline or (task_id, successor) not in self.fragments:
+                del self.handovers[(task_id, successor)]
+                self._stop(task_id, handover.previous, handover.reason, now, out)
+        for fragment in self.fragments.values():
+            if fragment.kill_at is not None and now > fragment.kill_at:
+                fragment.kill_at = None
+                out += [
+                    Signal(p, k, "KILL") for k, p in fragment.running.items() if p in self.pilots
+                ]
+                out.append(Note("fragment_kill", _names(fragment)))
+        ending = [
+            v.pilot
+            for v in self.pilots.values()
+            if not v.leaving and v.ends_at is not None and v.ends_at - now <= self.walltime_notice_s
+        ]
+        for pilot in ending:
+            out.append(Note("pilot_ending", {"pilot": pilot}))
+            self._on(PilotLeaving(pilot, "walltime"), now, out)
+        return bool(ending)
 
-    def submit_plain(self, task: PlainTask, now: float) -> list[Action]:
-        self.plain[task.id] = task
-        return self.decide(now)
+    # --- fragments --------------------------------------------------------------------------
 
-    def plain_finished(self, task_id: str, now: float, lost: bool = False) -> list[Action]:
-        """A plain task's process ended; ``lost``: killed with its pilot, run it again."""
-        task = self.plain[task_id]
-        task.node = None
-        task.state = "queued" if lost else "done"
-        return self.decide(now)
+    def _start(self, task: ElasticTask, nodes: Sequence[Node], after: int | None) -> StartFragment:
+        task.nodes, task.generation = tuple(nodes), task.generation + 1
+        start = StartFragment(task.id, task.generation, _placement(nodes), after)
+        self.fragments[(task.id, task.generation)] = Fragment(
+            task.id,
+            task.generation,
+            {
+                fragment_key(task.id, task.generation, g): p
+                for g, (p, _) in enumerate(start.placement)
+            },
+        )
+        return start
 
-    def fragment_ended(
-        self, task_id: str, generation: int, status: str, samples: int, now: float
-    ) -> list[Action]:
-        """All ranks of a fragment exited: ``done`` (all the work), ``stopped`` (checkpointed;
-        it continues at the next decision) or ``failed``."""
-        task = self.elastic[task_id]
+    def _stop(
+        self, task_id: str, generation: int, reason: str, now: float, out: list[Command]
+    ) -> None:
+        """Tell a fragment to checkpoint and exit (once)."""
+        fragment = self.fragments.get((task_id, generation))
+        if fragment is None or fragment.stop_reason is not None:
+            return
+        fragment.stop_reason, fragment.kill_at = reason, now + self.stop_grace_s
+        for key in [
+            k for k, h in self.handovers.items() if h.previous == generation and k[0] == task_id
+        ]:
+            del self.handovers[key]  # stopped now: nothing to wait for
+        out += [Signal(p, k, "TERM") for k, p in fragment.running.items() if p in self.pilots]
+        out.append(Note("fragment_stop", _names(fragment) | {"reason": reason}))
+
+    def _launcher_exited(
+        self,
+        task_id: str,
+        generation: int,
+        key: str,
+        code: int,
+        result: dict[str, Any] | None,
+        now: float,
+        out: list[Command],
+        lost: bool = False,
+    ) -> bool:
+        """One launcher of a fragment has exited (or was lost with its pilot)."""
+        fragment = self.fragments.get((task_id, generation))
+        if fragment is None or key not in fragment.running:
+            return False  # a stale or repeated report
+        del fragment.running[key]
+        fragment.result = result if result is not None else fragment.result
+        fragment.lost |= lost
+        fragment.code = fragment.code or code
+        if fragment.running:
+            # A launcher ended alone: the others cannot go on without its ranks.
+            self._stop(task_id, generation, "a group ended", now, out)
+            return False
+        del self.fragments[(task_id, generation)]
+        self._fragment_ended(fragment, now, out)
+        return True
+
+    def _fragment_ended(self, fragment: Fragment, now: float, out: list[Command]) -> None:
+        """All launchers of a fragment exited: classify the exit."""
+        task = self.elastic[fragment.task]
+        result = fragment.result
+        status = result.get("status") if result else None
+        samples = int(result.get("samples", 0)) if result else 0
+        names = _names(fragment)
+        if fragment.generation != task.generation:  # superseded by a warm successor
+            if result is None:
+                # It died: the successor, waiting for its result, takes over from the last
+                # checkpoint as after a preemption.
+                out += [
+                    Note("fragment_lost", names | {"code": fragment.code}),
+                    MarkLost(task.id, fragment.generation),
+                ]
+            elif status == "done":
+                # It finished the work before its successor took over: that is the task's
+                # result (the successor finds the final checkpoint and ends at once).
+                self._resolve(task, result, out)
+            else:
+                out.append(Note("fragment_stopped", names | {"samples": samples}))
+            self._ended(task, fragment.generation, "stopped", samples, now, out)
+        elif status == "done":
+            self._resolve(task, result, out)
+            self._ended(task, fragment.generation, "done", samples, now, out)
+        elif status == "stopped" or fragment.stop_reason is not None or fragment.lost:
+            out.append(Note("fragment_stopped", names | {"samples": samples}))
+            self._ended(task, fragment.generation, "stopped", samples, now, out)
+        else:
+            out.append(Note("task_failed", {"task": task.id, "code": fragment.code}))
+            out.append(Fail(task.id, f"exit {fragment.code}", fragment.generation))
+            task.resolved = True
+            self._ended(task, fragment.generation, "failed", samples, now, out)
+
+    def _resolve(self, task: ElasticTask, result: dict[str, Any], out: list[Command]) -> None:
+        """A task's result, once: a predecessor and its successor may both end done."""
+        if not task.resolved:
+            task.resolved = True
+            out += [
+                Resolve(task.id, result),
+                Note("task_done", {"task": task.id, "samples": result.get("samples")}),
+            ]
+
+    def _ended(
+        self,
+        task: ElasticTask,
+        generation: int,
+        status: str,
+        samples: int,
+        now: float,
+        out: list[Command],
+    ) -> None:
         task.samples = max(task.samples, samples)
         if task.previous is not None and generation == task.previous[0]:
             task.previous = None  # handed over (or stopped): its nodes are free
             if task.state == "stopping" and not task.nodes:
                 task.state = "queued"
-            return self.decide(now)
+            return
         if generation != task.generation:
-            return []
+            return
         task.nodes = ()
         task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
         if task.state == "queued" and task.samples >= task.work:
             # A predecessor finished the work during a hand-over: nothing is left to train.
             task.state = "done"
-        actions: list[Action] = []
         if task.previous is not None:
             # The successor ended before the hand-over: the previous fragment must stop
             # before the task may start again (two fragments would share one checkpoint).
-            actions.append(StopFragment(task.id, task.previous[0], "successor ended"))
+            self.handovers.pop((task.id, generation), None)
+            self._stop(task.id, task.previous[0], "successor ended", now, out)
             if task.state == "queued":
                 task.state = "stopping"
-        return actions + self.decide(now)
 
-    def progress(self, task_id: str, world: int, rate: float, samples: int) -> None:
+    def _progress(self, event: Progress) -> None:
         """A fragment's step report: learn its scaling curve."""
-        task = self.elastic.get(task_id)
-        if task is not None and rate > 0:
-            rates = task.measured.setdefault(world, [])
-            rates.append(rate)
+        task = self.elastic.get(event.task)
+        if task is not None and event.rate > 0:
+            rates = task.measured.setdefault(event.world, [])
+            rates.append(event.rate)
             del rates[:-MEASURED_KEPT]
-            task.samples = max(task.samples, samples)
+            task.samples = max(task.samples, event.samples)
 
-    def rescaled(self, task_id: str, seconds: float) -> None:
-        """A fragment took ``seconds`` from its predecessor's stop to its first step."""
-        task = self.elastic.get(task_id)
-        if task is not None and seconds >= 0:
-            task.measured_rescale_s.append(seconds)
+    # --- plain tasks ------------------------------------------------------------------------
+
+    def _plain_exited(self, task_id: str, event: ProcessExited, out: list[Command]) -> bool:
+        task = self.plain.get(task_id)
+        if task is None or task.state != "running" or _split(task.node or "")[0] != event.pilot:
+            return False  # a stale report: the task was queued again when its pilot went
+        task.node = None
+        if event.result is None:  # killed with its pilot, not by its own error: run it again
+            task.state = "queued"
+            out.append(Note("task_requeued", {"task": task_id, "code": event.code}))
+            return True
+        task.state = "done"
+        ok, value = event.result
+        out.append(Resolve(task_id, value) if ok else Fail(task_id, value))
+        out.append(Note("task_done", {"task": task_id, "ok": ok}))
+        return True
 
     # --- accounting -------------------------------------------------------------------------
 
@@ -377,13 +595,13 @@ class Controller:
         elastic = [t for t in self.elastic.values() if t.state in ("queued", "running", "stopping")]
         return plain + sum(t.max_nodes for t in elastic[: self.max_tasks])
 
-    def decide(self, now: float) -> list[Action]:
+    def _decide(self, now: float, out: list[Command]) -> None:
+        """The allocation: plain tasks first, then the solver's counts for elastic tasks."""
         usable = self._usable(now)
         busy = {t.node for t in self.plain.values() if t.state == "running"}
         for task in self.elastic.values():
             busy.update(task.held())
         free = [n for n in usable if n not in busy]
-        actions: list[Action] = []
         # Plain tasks first, on the shortest-lived free nodes (they are short).
         free.sort(key=lambda n: (usable[n], n))
         waiting_plain = 0
@@ -396,19 +614,23 @@ class Controller:
             node = free.pop(0)
             task.node, task.state = node, "running"
             task.attempts += 1
-            actions.append(RunPlain(task.id, *_split(node)))
-        actions += self._allocate_elastic(usable, free, waiting_plain, now)
-        return actions
+            out.append(RunPlain(task.id, *_split(node)))
+        self._allocate_elastic(usable, free, waiting_plain, now, out)
 
     def _allocate_elastic(
-        self, usable: dict[Node, float], free: list[Node], waiting_plain: int, now: float
-    ) -> list[Action]:
+        self,
+        usable: dict[Node, float],
+        free: list[Node],
+        waiting_plain: int,
+        now: float,
+        out: list[Command],
+    ) -> None:
         running = [t for t in self.elastic.values() if t.state == "running"]
         queued = [t for t in self.elastic.values() if t.state == "queued"]
         stopping = sum(1 for t in self.elastic.values() if t.state == "stopping")
         candidates = running + queued[: max(0, self.max_tasks - len(running) - stopping)]
         if not candidates:
-            return []
+            return
         # Long enough-lived free nodes only; none while plain tasks wait for one.
         offered = [n for n in free if usable[n] >= self.min_node_life_s]
         if waiting_plain:
@@ -436,10 +658,10 @@ class Controller:
             tasks=tuple(specs),
             free_nodes=len(offered),
             tfwd=self.effective_tfwd,
-            objective=self.objective,
+            objective=self.allocator.objective,
             cap_at_remaining_work=True,
         )
-        allocation = allocate(problem, "milp", self.time_limit)
+        allocation = self.allocator(problem)
         self.last_allocation, self.solves = allocation, self.solves + 1
         node_plan = plan(
             allocation.counts,
@@ -447,7 +669,6 @@ class Controller:
             offered,
             node_value={n: min(usable[n], 1e12) for n in usable},
         )
-        actions: list[Action] = []
         available = set(offered)
         # A node about to leave may stay with its task but is not worth moving: a task whose
         # new nodes include such a node held by another keeps what it has, and so does the
@@ -469,30 +690,28 @@ class Controller:
                 continue
             added = set(step.nodes) - set(task.nodes)
             if task.state == "running" and step.nodes and self.warm_rescale and added <= available:
-                old = task.generation
-                task.previous = (old, task.nodes)
-                task.nodes, task.generation = tuple(step.nodes), old + 1
-                actions.append(
-                    StartFragment(task.id, task.generation, _placement(step.nodes), after=old)
-                )
-                actions.append(
-                    StopFragment(task.id, old, step.action.value, when_ready=task.generation)
+                old = task.previous = (task.generation, task.nodes)
+                out.append(self._start(task, step.nodes, after=old[0]))
+                self.handovers[(task.id, task.generation)] = _Handover(
+                    old[0], step.action.value, now + self.handover_timeout_s
                 )
             elif task.state == "running":  # a cold rescale or a stop: restart after it
                 task.state = "stopping"
-                actions.append(StopFragment(task.id, task.generation, step.action.value))
+                self._stop(task.id, task.generation, step.action.value, now, out)
             elif step.nodes and not set(step.nodes) <= available:
                 # Nodes another task gives back are busy until its fragment has stopped: start
                 # at the decision that follows that stop.
                 continue
             elif step.nodes:
-                task.nodes, task.state = tuple(step.nodes), "running"
-                task.generation += 1
-                actions.append(StartFragment(task.id, task.generation, _placement(step.nodes)))
-        return actions
+                task.state = "running"
+                out.append(self._start(task, step.nodes, after=None))
 
 
-def _placement(nodes: Iterable[Node]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _names(fragment: Fragment) -> dict[str, Any]:
+    return {"task": fragment.task, "generation": fragment.generation}
+
+
+def _placement(nodes: Iterable[Node]) -> Placement:
     """Group a fragment's nodes by pilot: one launcher (group) per pilot."""
     groups: dict[str, list[str]] = {}
     for node in nodes:

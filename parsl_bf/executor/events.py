@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ class EventLog:
 
     def __init__(self, events: Path, status: Path) -> None:
         self.events, self.status = Path(events), Path(status)
-        self.decision_s: list[float] = []
+        self.decision_s: deque[float] = deque(maxlen=10_000)  # the latest, bounded memory
 
     def emit(self, event: str, **fields: Any) -> None:
         line = json.dumps({"t": round(time.time(), 3), "event": event, **fields}, default=str)
@@ -25,12 +26,25 @@ class EventLog:
             f.write(line + "\n")
 
     def decision(
-        self, cause: str, seconds: float, actions: list[str], solve_s: float | None
+        self,
+        cause: str,
+        seconds: float,
+        actions: list[str],
+        solve_s: float | None,
+        causes: list[str] | None = None,
+        events: int = 1,
     ) -> None:
-        """One event handled: from the event to its plan applied (sent to the pilots)."""
+        """One batch of events decided: ``seconds`` from the batch's first event to its
+        commands sent to the pilots; ``cause`` is its first kind of event, ``causes`` all."""
         self.decision_s.append(seconds)
         self.emit(
-            "decision", cause=cause, seconds=round(seconds, 4), actions=actions, solve_s=solve_s
+            "decision",
+            cause=cause,
+            causes=causes or [cause],
+            events=events,
+            seconds=round(seconds, 4),
+            actions=actions,
+            solve_s=solve_s,
         )
 
     def write_status(self, state: dict[str, Any]) -> None:

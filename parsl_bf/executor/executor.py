@@ -2,12 +2,16 @@
 
 It owns pilots from a backfill provider (Parsl's block scaling asks for them while tasks want
 nodes and releases them when idle). Each pilot runs :mod:`parsl_bf.executor.agent`, which
-registers over an authenticated ZeroMQ channel (:mod:`parsl_bf.executor.channel`). One
-decision thread turns every event (pilot up, preempted, gone; task submitted; process exited;
-progress) into the :class:`~parsl_bf.executor.controller.Controller`'s actions and carries
-them out: fragment ranks started on pilots (``mpiexec … python -m parsl_bf.training.worker``,
-one launcher per pilot joined by the rendezvous), asked to checkpoint and stop, plain apps run
-by :mod:`parsl_bf.executor.runner`.
+registers over an authenticated ZeroMQ channel (:mod:`parsl_bf.executor.channel`).
+
+The executor is the I/O shell around the decision core
+(:class:`~parsl_bf.executor.controller.Controller`). One decision thread drains what arrived
+(channel messages, submissions), turns it into :mod:`~parsl_bf.executor.lifecycle` events
+(reading the files a process left: a fragment's result, a plain app's outcome, progress
+reports, ready files), hands the whole batch to the controller, and carries out the commands
+it returns: fragment ranks started on pilots (``mpiexec … python -m
+parsl_bf.training.worker``, one launcher per pilot joined by the rendezvous), signals, plain
+apps run by :mod:`parsl_bf.executor.runner`, futures set, the event log and ``status.json``.
 
 Tasks are ordinary Parsl apps. An app whose ``parsl_resource_specification`` has ``work`` is an
 elastic training task: ``task`` names a ``module:function`` returning a
@@ -29,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,29 +44,43 @@ from parsl.monitoring.radios.filesystem import FilesystemRadio
 from parsl.providers.base import ExecutionProvider
 from parsl.serialize import pack_apply_message
 from parsl.utils import RepresentationMixin
+from pydantic import ValidationError
 
-from ..providers.base import check_tfwd
+from .. import environment
+from ..allocation import AllocatorSettings
+from ..providers.base import SettingError
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
-from .channel import (
+from . import channel as wire
+from .channel import PilotServer, write_secret
+from .controller import Controller, ElasticTask, PlainTask
+from .events import EventLog
+from .lifecycle import (
+    Command,
+    Evaluated,
+    Event,
+    Fail,
+    FragmentReady,
+    MarkLost,
+    Note,
     PilotGone,
-    PilotPreempted,
-    PilotServer,
+    PilotLeaving,
     PilotUp,
     ProcessExited,
-    Refused,
-    write_secret,
-)
-from .controller import (
-    Controller,
-    ElasticTask,
-    PlainTask,
+    Progress,
+    Rescaled,
+    Resolve,
     RunPlain,
+    Signal,
     StartFragment,
-    StopFragment,
+    TaskDir,
+    TaskSubmitted,
+    Tick,
+    fragment_key,
+    parse_key,
+    plain_key,
 )
-from .events import EventLog
-from .runner import read_outcome
+from .runner import RunnerError, read_outcome
 
 __all__ = ["BackfillExecutor", "FragmentFailed", "ELASTIC_KEYS"]
 
@@ -76,6 +94,8 @@ ELASTIC_KEYS = frozenset(
 # A warm successor not set up by then: stop its predecessor anyway (the successor takes over
 # from the checkpoint whenever it is ready).
 HANDOVER_TIMEOUT_S = 120.0
+# Deadlines, progress reports and ready files are looked at this often.
+TICK_S = 1.0
 
 
 class FragmentFailed(RuntimeError):
@@ -83,31 +103,9 @@ class FragmentFailed(RuntimeError):
 
 
 @dataclass
-class _Fragment:
-    task: str
-    generation: int
-    running: dict[str, str]  # process key → pilot
-    result: Path
-    stop_requested: bool = False
-    stop_at: float | None = None
-
-
-@dataclass
-class _Handover:
-    """A fragment to stop once its warm successor is ready (or at ``deadline`` regardless)."""
-
-    generation: int
-    reason: str
-    ready: Path
-    deadline: float
-
-
-@dataclass
 class _Submission:
     future: Future
-    elastic: bool
-    directory: Path
-    started: float = field(default_factory=time.time)
+    directory: TaskDir
 
 
 class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
@@ -119,10 +117,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         The executor's label.
     provider : ExecutionProvider
         A backfill provider (``LocalBackfillProvider``, ``SlurmBackfillProvider``, …).
-    objective, tfwd, time_limit, max_tasks
-        The allocator's objective, look-ahead (s, or "auto": the median walltime of the pilots
-        so far, i.e. of the holes), solver time limit (s), and the most elastic tasks running
-        at once. A YAML config's ``allocator:`` section sets these.
+    allocator : AllocatorSettings or dict
+        The allocation policy: ``policy`` (``milp``), ``objective`` (``throughput``),
+        ``tfwd`` (look-ahead in seconds, or ``auto``: the median walltime of the pilots so
+        far, i.e. of the holes) and the solver's ``time_limit``. In YAML, an ``allocator:``
+        mapping under the executor. The replay takes the same settings.
+    max_tasks : int
+        The most elastic tasks running at once (first come first served).
     checkpoint_every : int
         Training steps between checkpoints (bounds the work a preemption can lose).
     min_node_life_s : float or None
@@ -161,9 +162,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self,
         label: str = "backfill",
         provider: ExecutionProvider | None = None,
-        objective: str = "throughput",
-        tfwd: float | str = "auto",
-        time_limit: float = 10.0,
+        allocator: AllocatorSettings | dict[str, Any] | None = None,
         max_tasks: int = 10,
         checkpoint_every: int = 20,
         min_node_life_s: float | None = None,
@@ -187,8 +186,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.label = label
         # Apps run in processes on the pilots, which share the run directory's file system.
         self.remote_monitoring_radio = remote_monitoring_radio or FilesystemRadio()
-        check_tfwd(tfwd)
-        self.objective, self.tfwd, self.time_limit = objective, tfwd, time_limit
+        self.allocator = allocator_settings(allocator)
         self.max_tasks, self.checkpoint_every = max_tasks, checkpoint_every
         self.min_node_life_s = min_node_life_s
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
@@ -197,47 +195,34 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.mpiexec = mpiexec or MPIEXEC
         self.mpi_hosts, self.address = mpi_hosts, address
         self.controller = Controller(
-            objective,
-            None if tfwd == "auto" else float(tfwd),
-            time_limit,
+            self.allocator,
             max_tasks,
             2 * rescale_s if min_node_life_s is None else min_node_life_s,
             warm_rescale,
+            walltime_notice_s,
+            HANDOVER_TIMEOUT_S,
+            # Ranks blocked on a peer that died with its pilot: killed after this.
+            stop_grace_s=max(30.0, 3 * heartbeat_timeout_s),
         )
-        self._events: queue.Queue = queue.Queue()
+        # What arrived for the decision thread: (when, channel event or lifecycle event).
+        self._inbox: queue.Queue[tuple[float, object]] = queue.Queue()
         self._lock = threading.Lock()  # the controller's state, read by outstanding()
         self._submissions: dict[str, _Submission] = {}
-        self._fragments: dict[tuple[str, int], _Fragment] = {}
-        # (task, successor generation) → the warm hand-over waiting for the successor's ranks
-        self._handovers: dict[tuple[str, int], _Handover] = {}
         self._reports: dict[str, ReportTail] = {}  # task → its progress.jsonl, read so far
-        self._metrics: dict[str, dict[str, float]] = {}  # task → its latest evaluation
+        self._ready: dict[tuple[str, int], Path] = {}  # warm successors' ready files to watch
         self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.server: PilotServer | None = None
-        self._emulated = type(provider).__name__ == "LocalBackfillProvider"
+        # Every emulated node is this machine: each rank gets one thread, not the node's cores.
+        self._emulated = bool(getattr(provider, "emulated", False))
         self.event_log: EventLog | None = None
-        self.preemptions = 0
+
+    @property
+    def preemptions(self) -> int:
+        return self.controller.preemptions
 
     # --- Parsl's executor interface ---------------------------------------------------------
-
-    def apply_allocator_settings(self, settings) -> None:
-        """Take the keys a YAML config's ``allocator:`` section sets (the others keep this
-        executor's values)."""
-        given = settings.model_fields_set
-        if "objective" in given:
-            self.objective = settings.objective.value
-            self.controller.objective = settings.objective
-        if "tfwd" in given:
-            self.tfwd = settings.tfwd
-            self.controller.tfwd = None if settings.tfwd == "auto" else float(settings.tfwd)
-        if "time_limit" in given:
-            self.time_limit = self.controller.time_limit = settings.time_limit
-        if "max_tasks" in given:
-            self.max_tasks = self.controller.max_tasks = settings.max_tasks
-        if "checkpoint_every" in given:
-            self.checkpoint_every = settings.checkpoint_every
 
     def start(self) -> None:
         self.directory = Path(self.run_dir) / self.label
@@ -255,7 +240,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.secret_file = self.directory / "pilot.secret"
         secret = write_secret(self.secret_file)
         self.event_log = EventLog(self.directory / "events.jsonl", self.directory / "status.json")
-        self.server = PilotServer(secret, self._events.put, self.address, self.heartbeat_timeout_s)
+        self.server = PilotServer(secret, self._arrived, self.address, self.heartbeat_timeout_s)
         self.server.start()
         self._thread = threading.Thread(target=self._loop, name=f"{self.label}-decide", daemon=True)
         self._thread.start()
@@ -303,34 +288,28 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         with self._lock:
             self._count += 1
             task_id = f"t{self._count}"
-        directory = self.directory / "tasks" / task_id
-        directory.mkdir(parents=True)
+        directory = TaskDir.of(self.directory, task_id)
+        directory.path.mkdir(parents=True)
         future: Future = Future()
-        self._submissions[task_id] = _Submission(future, bool(spec), directory)
+        self._submissions[task_id] = _Submission(future, directory)
+        task: ElasticTask | PlainTask
         if spec:
             task = ElasticTask(
                 task_id,
                 work=int(spec["work"]),
                 min_nodes=int(spec.get("min_nodes", 1)),
                 max_nodes=int(spec.get("max_nodes", spec.get("min_nodes", 1))),
-                task=spec.get("task") or self._factory_file(directory, func, args, kwargs),
+                task=spec.get("task") or _factory_file(directory, func, args, kwargs),
                 family=spec.get("task") or _code_name(func),
                 options=dict(spec.get("options", {})),
                 scaling={int(k): float(v) for k, v in (spec.get("scaling") or {}).items()},
                 rescale_s=float(spec.get("rescale_s", self.rescale_s)),
             )
-            self._events.put(("submit_elastic", task))
         else:
-            (directory / "app.in").write_bytes(pack_apply_message(func, args, kwargs))
-            self._events.put(("submit_plain", PlainTask(task_id)))
+            directory.app_in.write_bytes(pack_apply_message(func, args, kwargs))
+            task = PlainTask(task_id)
+        self._arrived(TaskSubmitted(task))
         return future
-
-    @staticmethod
-    def _factory_file(directory: Path, func, args, kwargs) -> str:
-        """The app's own function is the TrainingTask factory: the ranks call it."""
-        path = directory / "factory.in"
-        path.write_bytes(pack_apply_message(func, args, kwargs))
-        return f"@{path}"
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -347,323 +326,259 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             logging.getLogger("parsl_bf").removeHandler(self._log_handler)
             self._log_handler.close()
 
-    # --- the decision thread ----------------------------------------------------------------
+    # --- the decision thread: I/O → events → controller → commands → I/O --------------------
+
+    def _arrived(self, item: object) -> None:
+        """From the channel's thread or a submitting one: queue it for the next batch."""
+        self._inbox.put((time.time(), item))
 
     def _loop(self) -> None:
-        last_tick = 0.0
+        next_tick = 0.0
         while not self._stop.is_set():
+            batch = self._drain(timeout=min(0.5, max(0.0, next_tick - time.time())))
+            if time.time() >= next_tick:
+                next_tick = time.time() + TICK_S
+                batch.append((time.time(), Tick()))
+            if not batch:
+                continue
             try:
-                item = self._events.get(timeout=0.5)
+                self._decide(batch)
+            except Exception:  # one bad batch must not stop every later decision
+                log.exception("%s: batch %r failed", self.label, batch)
+
+    def _drain(self, timeout: float) -> list[tuple[float, object]]:
+        """Everything queued now, waiting up to ``timeout`` for the first item."""
+        try:
+            batch = [self._inbox.get(timeout=timeout)] if timeout > 0 else []
+        except queue.Empty:
+            batch = []
+        while True:
+            try:
+                batch.append(self._inbox.get_nowait())
             except queue.Empty:
-                item = None
-            try:
-                if item is not None:
-                    self._handle(item)
-                if time.time() - last_tick >= 1.0:
-                    last_tick = time.time()
-                    self._tick()
-            except Exception:  # one bad event must not stop every later decision
-                log.exception("%s: event %r failed", self.label, item)
+                return batch
 
-    def _apply(self, actions, cause: str, t0: float) -> None:
-        for action in actions:
-            if isinstance(action, StartFragment):
-                self._start_fragment(action)
-            elif isinstance(action, StopFragment) and action.when_ready is not None:
-                gen_dir = self._submissions[action.task].directory / f"fragment{action.when_ready}"
-                self._handovers[(action.task, action.when_ready)] = _Handover(
-                    action.generation,
-                    action.reason,
-                    gen_dir / "ready",
-                    time.time() + HANDOVER_TIMEOUT_S,
-                )
-            elif isinstance(action, StopFragment):
-                self._handovers.pop((action.task, action.generation + 1), None)
-                self._stop_fragment(action.task, action.generation, action.reason)
-            elif isinstance(action, RunPlain):
-                self._run_plain(action)
-        if actions or cause.startswith("pilot"):
-            alloc = self.controller.last_allocation
+    def _decide(self, batch: list[tuple[float, object]]) -> None:
+        """One batch: its events, one controller decision, its commands carried out."""
+        events: list[Event] = []
+        causes: list[str] = []
+        for _, item in batch:
+            found = self._events_of(item)
+            events += found
+            causes += [c for c in map(_cause, found) if c and c not in causes]
+        now = time.time()
+        with self._lock:
+            solves = self.controller.solves
+            commands = self.controller.handle(events, now)
+            solved = self.controller.solves > solves
+        for command in commands:
+            self._carry_out(command)
+        alloc = self.controller.last_allocation
+        decided = [c for c in commands if not isinstance(c, Note)]
+        if decided or solved or any(c.startswith("pilot") for c in causes):
+            # From the batch's first arrival to its commands sent to the pilots.
             self.event_log.decision(
-                cause,
-                time.time() - t0,
-                [type(a).__name__ + ":" + a.task for a in actions],
-                None if alloc is None else alloc.solve_s,
+                causes[0] if causes else "tick",
+                time.time() - min(t for t, _ in batch),
+                [_command_name(c) for c in decided],
+                alloc.solve_s if solved and alloc is not None else None,
+                causes=causes,
+                events=len(events),
             )
-        self._write_status()
-
-    def _handle(self, item) -> None:
-        t0 = time.time()
-        c = self.controller
         with self._lock:
-            c.account(t0)
-            if isinstance(item, PilotUp):
-                self.event_log.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes))
-                actions = c.pilot_up(item.pilot, item.nodes, item.ends_at, t0)
-                cause = "pilot up"
-            elif isinstance(item, PilotPreempted):
-                # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
-                known = getattr(self.provider, "pilots", {}).get(item.pilot)
-                cancelled = known is not None and known.reason == "cancelled"
-                self.preemptions += 0 if cancelled else 1
-                event = "pilot_cancelled" if cancelled else "pilot_preempted"
-                self.event_log.emit(event, pilot=item.pilot, signal=item.signal)
-                actions = c.pilot_leaving(item.pilot, t0, event.removeprefix("pilot_"))
-                cause = event.replace("_", " ")
-            elif isinstance(item, PilotGone):
-                self.event_log.emit("pilot_gone", pilot=item.pilot, reason=item.reason)
-                actions = c.pilot_gone(item.pilot, t0)
-                actions += self._fragments_lost_with(item.pilot)
-                cause = "pilot gone"
-            elif isinstance(item, ProcessExited):
-                actions, cause = self._process_exited(item, t0), "process exited"
-            elif isinstance(item, Refused):
-                self.event_log.emit("refused", peer=item.peer, reason=item.reason)
-                return
-            elif item[0] == "submit_elastic":
-                self.event_log.emit("task_submitted", task=item[1].id, elastic=True)
-                actions, cause = c.submit_elastic(item[1], t0), "task submitted"
-            elif item[0] == "submit_plain":
-                self.event_log.emit("task_submitted", task=item[1].id, elastic=False)
-                actions, cause = c.submit_plain(item[1], t0), "task submitted"
-            else:
-                return
-            self._apply(actions, cause, t0)
+            self._write_status()
 
-    def _hand_over(self, now: float) -> None:
-        """Stop each fragment whose warm successor is set up (or gone, or late)."""
-        for (task_id, gen), h in list(self._handovers.items()):
-            if h.ready.exists() or (task_id, gen) not in self._fragments or now > h.deadline:
-                del self._handovers[(task_id, gen)]
-                self._stop_fragment(task_id, h.generation, h.reason)
+    def _events_of(self, item: object) -> list[Event]:
+        """The lifecycle events of one arrival, with the files it left read now."""
+        log_ = self.event_log
+        if isinstance(item, Tick):
+            return self._progress_of_live() + self._readiness() + [item]
+        if isinstance(item, TaskSubmitted):
+            log_.emit(
+                "task_submitted", task=item.task.id, elastic=isinstance(item.task, ElasticTask)
+            )
+            return [item]
+        if isinstance(item, wire.PilotUp):
+            log_.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes))
+            return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at)]
+        if isinstance(item, wire.PilotPreempted):
+            # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
+            known = getattr(self.provider, "pilots", {}).get(item.pilot)
+            reason = (
+                "cancelled" if known is not None and known.reason == "cancelled" else "preempted"
+            )
+            log_.emit(f"pilot_{reason}", pilot=item.pilot, signal=item.signal)
+            return [PilotLeaving(item.pilot, reason)]
+        if isinstance(item, wire.PilotGone):
+            log_.emit("pilot_gone", pilot=item.pilot, reason=item.reason)
+            return [PilotGone(item.pilot, item.reason)]
+        if isinstance(item, wire.ProcessExited):
+            return self._exit_of(item)
+        if isinstance(item, wire.Refused):
+            log_.emit("refused", peer=item.peer, reason=item.reason)
+        return []
 
-    def _tick(self) -> None:
-        """Progress from the reports, pilots reaching their walltime, stuck stops."""
-        t0 = time.time()
-        with self._lock:
-            self.controller.account(t0)
-            self._hand_over(t0)
-            for (task_id, _gen), fragment in list(self._fragments.items()):
-                self._read_progress(task_id)
-                if fragment.stop_at is not None and t0 > fragment.stop_at:
-                    # Ranks blocked on a peer that died with its pilot: end them.
-                    for key, pilot in fragment.running.items():
-                        self._send(pilot, {"op": "signal", "key": key, "signal": "KILL"})
-                    fragment.stop_at = None
-            actions = []
-            for view in list(self.controller.pilots.values()):
-                if (
-                    not view.leaving
-                    and view.ends_at is not None
-                    and view.ends_at - t0 <= self.walltime_notice_s
-                ):
-                    self.event_log.emit("pilot_ending", pilot=view.pilot)
-                    actions += self.controller.pilot_leaving(view.pilot, t0, "walltime")
-            if actions:
-                self._apply(actions, "pilot ending", t0)
-            else:
-                self._write_status()
+    def _exit_of(self, item: wire.ProcessExited) -> list[Event]:
+        try:
+            task_id, generation, _group = parse_key(item.key)
+        except ValueError:
+            log.warning("%s: exit of an unknown process %r", self.label, item.key)
+            return []
+        sub = self._submissions.get(task_id)
+        if sub is None:
+            return []
+        if generation is None:  # a plain app: its outcome, if it left one
+            try:
+                outcome: Any = read_outcome(sub.directory.app_out)
+            except OSError:
+                outcome = None
+            except RunnerError as exc:
+                outcome = (False, exc)
+            return [ProcessExited(item.pilot, item.key, item.code, outcome)]
+        # Its last reports first: the controller knows its samples when it classifies the exit.
+        result = _read_json(sub.directory.result(generation))
+        return self._progress_of(task_id) + [ProcessExited(item.pilot, item.key, item.code, result)]
 
-    def _read_progress(self, task_id: str) -> None:
+    def _progress_of_live(self) -> list[Event]:
+        return [e for t in {t for t, _ in self.controller.fragments} for e in self._progress_of(t)]
+
+    def _progress_of(self, task_id: str) -> list[Event]:
+        """New records of a task's progress report, as events."""
         tail = self._reports.get(task_id)
         if tail is None:
             tail = self._reports[task_id] = ReportTail(
-                self._submissions[task_id].directory / "progress.jsonl"
+                self._submissions[task_id].directory.progress
             )
+        out: list[Event] = []
         for r in tail.read():
             if r["event"] == "step":
-                self.controller.progress(
-                    task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"])
+                out.append(
+                    Progress(task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"]))
                 )
             elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
-                self._metrics[task_id] = {"samples": r["samples"], **(r.get("metrics") or {})}
+                out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
             elif r["event"] == "start" and r.get("stopped_at") and r.get("first_step_at"):
                 # From the later of the old fragment's stop and the new one's process start:
                 # time the task waited for nodes is not part of a rescale's cost.
                 began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
-                self.controller.rescaled(task_id, r["first_step_at"] - began)
+                out.append(Rescaled(task_id, r["first_step_at"] - began))
+        return out
 
-    # --- carrying out actions ---------------------------------------------------------------
+    def _readiness(self) -> list[Event]:
+        """Warm successors whose ready file appeared."""
+        out: list[Event] = []
+        for (task_id, generation), path in list(self._ready.items()):
+            if (task_id, generation) not in self.controller.fragments:
+                del self._ready[(task_id, generation)]
+            elif path.exists():
+                del self._ready[(task_id, generation)]
+                out.append(FragmentReady(task_id, generation))
+        return out
+
+    # --- carrying out commands --------------------------------------------------------------
+
+    def _carry_out(self, command: Command) -> None:
+        if isinstance(command, StartFragment):
+            self._start_fragment(command)
+        elif isinstance(command, RunPlain):
+            self._run_plain(command)
+        elif isinstance(command, Signal):
+            self._send(
+                command.pilot, {"op": "signal", "key": command.key, "signal": command.signal}
+            )
+        elif isinstance(command, Resolve):
+            future = self._submissions[command.task].future
+            if not future.done():
+                future.set_result(command.value)
+        elif isinstance(command, Fail):
+            future = self._submissions[command.task].future
+            error = command.error
+            if command.generation is not None:
+                stderr = _tail(
+                    self._submissions[command.task].directory.stream(
+                        command.generation, 0, "stderr"
+                    )
+                )
+                error = FragmentFailed(f"task {command.task}: {error}: {stderr}")
+            if not future.done():
+                future.set_exception(error)
+        elif isinstance(command, MarkLost):
+            directory = self._submissions[command.task].directory
+            write_result(directory.result(command.generation), {"status": "lost", "samples": 0})
+        elif isinstance(command, Note):
+            self.event_log.emit(command.event, **command.fields)
 
     def _send(self, pilot: str, msg: dict) -> None:
         assert self.server is not None
         self.server.send(pilot, msg)
 
-    def _start_fragment(self, action: StartFragment) -> None:
-        task = self.controller.elastic[action.task]
-        d = self._submissions[action.task].directory
-        gen_dir = d / f"fragment{action.generation}"
-        gen_dir.mkdir(parents=True, exist_ok=True)
-        result = gen_dir / "result.json"
-        groups = len(action.placement)
-        running = {}
-        for g, (pilot, hosts) in enumerate(action.placement):
-            key = f"{action.task}#{action.generation}#{g}"
+    def _start_fragment(self, start: StartFragment) -> None:
+        task = self.controller.elastic[start.task]
+        d = self._submissions[start.task].directory
+        d.fragment(start.generation).mkdir(parents=True, exist_ok=True)
+        groups = len(start.placement)
+        for g, (pilot, hosts) in enumerate(start.placement):
             flags: dict[str, Any] = {
                 "checkpoint_every": self.checkpoint_every,
-                "report": d / "progress.jsonl",
-                "result": result,
+                "report": d.progress,
+                "result": d.result(start.generation),
             }
             if groups > 1:
-                flags |= {"rendezvous": gen_dir / "rendezvous", "group": g, "groups": groups}
-            if action.after is not None:  # a warm successor: take over from that fragment
                 flags |= {
-                    "after": d / f"fragment{action.after}" / "result.json",
-                    "ready": gen_dir / "ready",
+                    "rendezvous": d.rendezvous(start.generation),
+                    "group": g,
+                    "groups": groups,
                 }
+            if start.after is not None:  # a warm successor: take over from that fragment
+                flags |= {"after": d.result(start.after), "ready": d.ready(start.generation)}
             argv = mpiexec_argv(len(hosts), hosts if self.mpi_hosts else None, self.mpiexec)
-            argv += worker_argv(task.task, task.work, d / "checkpoints", task.options, **flags)
+            argv += worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
             env = {"PYTHONPATH": _pythonpath()}
-            if self._emulated:  # every emulated node of this machine is about one core
-                env["PARSL_BF_THREADS_PER_RANK"] = "1"
-            self._send(
-                pilot,
-                {
-                    "op": "launch",
-                    "key": key,
-                    "argv": argv,
-                    "env": env,
-                    "cwd": str(gen_dir),
-                    "stdout": str(gen_dir / f"group{g}.stdout"),
-                    "stderr": str(gen_dir / f"group{g}.stderr"),
-                },
-            )
-            running[key] = pilot
-        self._fragments[(action.task, action.generation)] = _Fragment(
-            action.task, action.generation, running, result
-        )
+            if self._emulated:
+                env[environment.THREADS_PER_RANK] = "1"
+            self._launch(
+                pilot, fragment_key(start.task, start.generation, g), argv, env,
+                d.fragment(start.generation), d.stream(start.generation, g, "stdout"),
+                d.stream(start.generation, g, "stderr"),
+            )  # fmt: skip
+        if start.after is not None:
+            self._ready[(start.task, start.generation)] = d.ready(start.generation)
         self.event_log.emit(
             "fragment_start",
-            task=action.task,
-            generation=action.generation,
-            nodes=sum(len(h) for _, h in action.placement),
-            pilots=[p for p, _ in action.placement],
-            after=action.after,  # a warm successor of that generation
+            task=start.task,
+            generation=start.generation,
+            nodes=start.nodes,
+            pilots=[p for p, _ in start.placement],
+            after=start.after,  # a warm successor of that generation
         )
 
-    def _stop_fragment(self, task_id: str, generation: int, reason: str) -> None:
-        fragment = self._fragments.get((task_id, generation))
-        if fragment is None or fragment.stop_requested:
-            return
-        fragment.stop_requested = True
-        fragment.stop_at = time.time() + max(30.0, 3 * self.heartbeat_timeout_s)
-        for key, pilot in fragment.running.items():
-            self._send(pilot, {"op": "signal", "key": key, "signal": "TERM"})
-        self.event_log.emit("fragment_stop", task=task_id, generation=generation, reason=reason)
+    def _run_plain(self, run: RunPlain) -> None:
+        d = self._submissions[run.task].directory
+        d.app_out.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "parsl_bf.executor.runner", str(d.app_in), str(d.app_out)]
+        # cwd: relative paths in apps mean what they mean where the workflow runs.
+        self._launch(
+            run.pilot, plain_key(run.task), argv, {"PYTHONPATH": _pythonpath()}, Path.cwd(),
+            d.app_stream("stdout"), d.app_stream("stderr"),
+        )  # fmt: skip
 
-    def _fragments_lost_with(self, pilot: str) -> list:
-        """Processes of a vanished pilot will never report: count them as exited."""
-        actions = []
-        for fragment in list(self._fragments.values()):
-            for key in [k for k, p in fragment.running.items() if p == pilot]:
-                actions += self._process_exited(ProcessExited(pilot, key, -9), time.time())
-        return actions
-
-    def _run_plain(self, action: RunPlain) -> None:
-        d = self._submissions[action.task].directory
-        out = d / "app.out"
-        out.unlink(missing_ok=True)
+    def _launch(
+        self, pilot: str, key: str, argv: list[str], env: dict[str, str], cwd: Path, stdout: Path,
+        stderr: Path,
+    ) -> None:  # fmt: skip
+        """The channel's ``launch`` message."""
         self._send(
-            action.pilot,
+            pilot,
             {
-                "op": "launch",
-                "key": f"plain#{action.task}",
-                "argv": [
-                    sys.executable,
-                    "-m",
-                    "parsl_bf.executor.runner",
-                    str(d / "app.in"),
-                    str(out),
-                ],
-                "env": {"PYTHONPATH": _pythonpath()},
-                "cwd": os.getcwd(),  # relative paths in apps mean what they mean here
-                "stdout": str(d / "app.stdout"),
-                "stderr": str(d / "app.stderr"),
+                "op": "launch", "key": key, "argv": [str(a) for a in argv], "env": env,
+                "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr),
             },
-        )
-
-    def _process_exited(self, item: ProcessExited, now: float) -> list:
-        kind, _, rest = item.key.partition("#")
-        if kind == "plain":
-            return self._plain_exited(rest, item, now)
-        task_id, generation, _group = item.key.split("#")
-        fragment = self._fragments.get((task_id, int(generation)))
-        if fragment is None or item.key not in fragment.running:
-            return []
-        del fragment.running[item.key]
-        if fragment.running:
-            if not fragment.stop_requested:  # a group ended alone: stop the others
-                self._stop_fragment(task_id, int(generation), "a group ended")
-            return []
-        del self._fragments[(task_id, int(generation))]
-        self._read_progress(task_id)
-        outcome = _read_json(fragment.result)
-        status = outcome.get("status") if outcome else None
-        sub = self._submissions[task_id]
-        if fragment.generation < self.controller.elastic[task_id].generation:
-            return self._superseded_exited(fragment, outcome, item, now)
-        if status == "done":
-            self._resolve(task_id, outcome)
-            return self.controller.fragment_ended(
-                task_id, fragment.generation, "done", outcome["samples"], now
-            )
-        if status == "stopped" or fragment.stop_requested:
-            samples = outcome["samples"] if outcome else 0
-            self.event_log.emit("fragment_stopped", task=task_id, samples=samples)
-            return self.controller.fragment_ended(
-                task_id, fragment.generation, "stopped", samples, now
-            )
-        err = _tail(sub.directory / f"fragment{fragment.generation}" / "group0.stderr")
-        self.event_log.emit("task_failed", task=task_id, code=item.code)
-        sub.future.set_exception(FragmentFailed(f"task {task_id}: exit {item.code}: {err}"))
-        return self.controller.fragment_ended(task_id, fragment.generation, "failed", 0, now)
-
-    def _resolve(self, task_id: str, outcome: dict) -> None:
-        """An elastic task's result (once: a predecessor and its successor may both end done)."""
-        sub = self._submissions[task_id]
-        if not sub.future.done():
-            self.event_log.emit("task_done", task=task_id, samples=outcome["samples"])
-            sub.future.set_result(outcome)
-
-    def _superseded_exited(
-        self, fragment: _Fragment, outcome: dict | None, item: ProcessExited, now: float
-    ) -> list:
-        """A fragment that a warm successor replaces has exited: the successor resolves the
-        task. If it left no result (it died), write one, so that the successor, waiting for
-        it, takes over from the last checkpoint as after a preemption."""
-        if outcome is None:
-            self.event_log.emit(
-                "fragment_lost", task=fragment.task, generation=fragment.generation, code=item.code
-            )
-            outcome = {"status": "lost", "samples": 0}
-            write_result(fragment.result, outcome)
-        elif outcome.get("status") == "done":
-            # It finished the work before its successor took over: that is the task's result
-            # (the successor finds the final checkpoint and ends at once).
-            self._resolve(fragment.task, outcome)
-        else:
-            self.event_log.emit("fragment_stopped", task=fragment.task, samples=outcome["samples"])
-        return self.controller.fragment_ended(
-            fragment.task, fragment.generation, "stopped", int(outcome["samples"]), now
-        )
-
-    def _plain_exited(self, task_id: str, item: ProcessExited, now: float) -> list:
-        sub = self._submissions[task_id]
-        out = sub.directory / "app.out"
-        if not out.exists():  # killed with its pilot, not by its own error: run it again
-            self.event_log.emit("task_requeued", task=task_id, code=item.code)
-            return self.controller.plain_finished(task_id, now, lost=True)
-        ok, value = read_outcome(out)
-        if ok:
-            sub.future.set_result(value)
-        else:
-            sub.future.set_exception(value)
-        self.event_log.emit("task_done", task=task_id, ok=ok)
-        return self.controller.plain_finished(task_id, now)
+        )  # fmt: skip
 
     def _write_status(self) -> None:
         c = self.controller
         alloc = c.last_allocation
+        now = time.time()
         self.event_log.write_status(
             {
                 "label": self.label,
@@ -671,7 +586,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                     {
                         "pilot": v.pilot,
                         "nodes": list(v.hosts),
-                        "ends_in_s": None if v.ends_at is None else round(v.ends_at - time.time()),
+                        "ends_in_s": None if v.ends_at is None else round(v.ends_at - now),
                         "leaving": v.leaving,
                     }
                     for v in c.pilots.values()
@@ -684,7 +599,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                         "samples": t.samples,
                         "work": t.work,
                         "rate": _last_rate(t),
-                        "metrics": self._metrics.get(t.id),
+                        "metrics": t.metrics,
                     }
                     for t in c.elastic.values()
                 ],
@@ -694,7 +609,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 },
                 "solves": c.solves,
                 "last_solve_s": None if alloc is None else alloc.solve_s,
-                "preemptions": self.preemptions,
+                "preemptions": c.preemptions,
                 "accounting": c.efficiency(),
             }
             | self._block_summary()
@@ -709,10 +624,43 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         return {"blocks": found["blocks"], "failed_blocks": found["failed_blocks"]}
 
 
+def allocator_settings(value: AllocatorSettings | dict[str, Any] | None) -> AllocatorSettings:
+    """``BackfillExecutor(allocator=...)`` as settings; SettingError names the bad key."""
+    if isinstance(value, AllocatorSettings):
+        return value
+    try:
+        return AllocatorSettings.model_validate(value or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in ("allocator", *err["loc"]))
+        raise SettingError(where, err["msg"].removeprefix("Value error, ")) from None
+
+
+def _cause(event: Event) -> str | None:
+    """What an event is called in the decision log (None: not a cause worth naming)."""
+    if isinstance(event, PilotLeaving):
+        return "pilot ending" if event.reason == "walltime" else f"pilot {event.reason}"
+    return {
+        PilotUp: "pilot up",
+        PilotGone: "pilot gone",
+        TaskSubmitted: "task submitted",
+        ProcessExited: "process exited",
+    }.get(type(event))
+
+
+def _command_name(command: Command) -> str:
+    return f"{type(command).__name__}:{getattr(command, 'task', None) or command.key}"
+
+
 def _last_rate(task: ElasticTask) -> float | None:
-    world = len(task.nodes)
-    rates = task.measured.get(world)
+    rates = task.measured.get(len(task.nodes))
     return rates[-1] if rates else None
+
+
+def _factory_file(directory: TaskDir, func, args, kwargs) -> str:
+    """The app's own function is the TrainingTask factory: the ranks call it."""
+    directory.factory.write_bytes(pack_apply_message(func, args, kwargs))
+    return f"@{directory.factory}"
 
 
 def _pythonpath() -> str:

@@ -8,10 +8,12 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Protocol, runtime_checkable
 
 from parsl.jobs.states import JobState
 
 __all__ = [
+    "BackfillProvider",
     "Pilot",
     "SCHEDULER_ENDS",
     "SchedulerError",
@@ -19,7 +21,6 @@ __all__ = [
     "check_blocks",
     "check_count",
     "check_number",
-    "check_tfwd",
     "check_walltimes",
     "parse_walltime",
     "python_bin",
@@ -61,6 +62,27 @@ class Pilot:
     reason: str = ""  # why it ended: "preempted", "walltime", "cancelled", exit status
     signalled_at: float | None = None  # preemption signal sent: its grace time runs from here
     scheduler_id: str | None = None  # the batch scheduler's job id, once submitted
+
+
+@runtime_checkable
+class BackfillProvider(Protocol):
+    """What the executor, the error handler and the CLI ask of a backfill provider, beyond
+    Parsl's ``ExecutionProvider`` interface.
+
+    ``isinstance(provider, BackfillProvider)`` is true of parsl_bf's providers and of any other
+    provider with these two attributes (it checks that they are there, not their types). Code
+    that also takes Parsl's own providers reads them with ``getattr(provider, "pilots", {})``
+    and ``getattr(provider, "emulated", False)``.
+    """
+
+    #: True when every "node" is this same machine (:class:`LocalBackfillProvider`'s
+    #: emulation): the executor then gives each rank one thread. False for real clusters.
+    emulated: ClassVar[bool]
+
+    #: Every pilot submitted, by Parsl job id (what ``submit()`` returned), kept after it ends;
+    #: ``Pilot.reason`` says why it ended (``"preempted"``, ``"walltime"``, ``"cancelled"``,
+    #: an exit status).
+    pilots: dict[str, Pilot]
 
 
 def parse_walltime(value: str | float | int) -> float:
@@ -117,23 +139,6 @@ def check_number(
     if at_most is not None and number > at_most:
         raise SettingError(name, f"must be at most {at_most:g}, got {value!r}")
     return number
-
-
-def check_tfwd(value: object) -> float | str:
-    """An allocation look-ahead: ``"auto"``, or a positive, finite number of seconds (a string
-    from ``${VAR}`` too), as a float; else :class:`SettingError`."""
-    if value == "auto":
-        return "auto"
-    expected = f'expected "auto" or a positive number of seconds, got {value!r}'
-    if isinstance(value, bool):  # an int to Python, but ``tfwd: true`` is a mistake
-        raise SettingError("tfwd", expected)
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise SettingError("tfwd", expected) from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise SettingError("tfwd", expected)
-    return seconds
 
 
 def check_walltimes(min_walltime: str | float, max_walltime: str | float) -> tuple[float, float]:

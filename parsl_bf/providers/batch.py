@@ -5,25 +5,32 @@ enough, the pilot waits *in the provider*, not in the scheduler's queue (there a
 walltime would miss the holes that open later), and is submitted, sized to the hole, at the
 first status poll that finds one. A subclass supplies the scheduler: its holes, the directives
 of a batch script, submission, the state of its jobs, and cancellation.
+
+The settings every batch provider shares (:data:`SHARED_PARAMETERS`: node and walltime bounds,
+the pilot's exit, Parsl's block settings) are checked here, once. Each subclass still lists
+them in its own constructor, typed and with its defaults (the YAML loader and the reference
+read the signature), passes them on with :func:`shared_settings`, and documents only its own;
+the shared descriptions are appended to its docstring's ``Parameters`` when the class is
+defined.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import re
 import shlex
-import threading
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from parsl.jobs.states import TERMINAL_STATES, JobState, JobStatus
+from parsl.jobs.states import TERMINAL_STATES, JobState
 from parsl.launchers.base import Launcher
-from parsl.providers.base import ExecutionProvider
 from parsl.providers.errors import SubmitException
-from parsl.utils import RepresentationMixin
 
+from .. import environment
 from .base import (
     Pilot,
     SchedulerError,
@@ -34,37 +41,67 @@ from .base import (
     check_walltimes,
     python_bin,
 )
+from .pilots import PilotProvider
 from .sizing import Hole, PilotRequest, size_pilot
 
-__all__ = ["BatchBackfillProvider"]
+__all__ = ["SHARED_PARAMETERS", "BatchBackfillProvider", "shared_settings"]
 
 log = logging.getLogger(__name__)
 
-
-_SETTINGS = (
-    "min_nodes",
-    "max_nodes",
-    "min_walltime",
-    "max_walltime",
-    "hole_margin_s",
-    "signal_lead_s",
-    "exit_wait_s",
-    "pending_timeout_s",
-    "launcher",
-    "worker_init",
-    "scheduler_options",
-    "init_blocks",
-    "min_blocks",
-    "max_blocks",
-    "parallelism",
-    "cmd_timeout",
-    "status_polling_interval",
+#: The numpy-style ``Parameters`` entries of the settings every batch provider shares:
+#: ``(names, type, description)``; ``{parsl_provider}`` and ``{directive}`` are the
+#: subclass's. A subclass that documents one of these names itself keeps its own text.
+SHARED_PARAMETERS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        ("min_nodes", "max_nodes"),
+        "int",
+        "Nodes per pilot; no pilot is submitted until a hole of ``min_nodes`` exists.",
+    ),
+    (
+        ("min_walltime", "max_walltime"),
+        "str",
+        'Bounds of a pilot\'s walltime ("HH:MM:SS"); a hole shorter than the minimum is not used.',
+    ),
+    (
+        ("hole_margin_s",),
+        "float",
+        "Seconds taken off a hole's length, for schedulers whose planned starts move earlier.",
+    ),
+    (
+        ("signal_lead_s",),
+        "int",
+        "Seconds before the walltime ends at which the pilot is told to leave; a finished "
+        "pilot whose run reached its walltime minus this lead ended at the walltime.",
+    ),
+    (
+        ("exit_wait_s",),
+        "float",
+        "At preemption or walltime end the pilot's processes get TERM and up to this long to "
+        "leave (a BackfillExecutor's fragments checkpoint) before the pilot exits.",
+    ),
+    (
+        ("pending_timeout_s",),
+        "float",
+        "A submitted pilot the scheduler has not started this long after submission missed its "
+        "hole: it is cancelled and sized again to the holes of that moment.",
+    ),
+    (
+        (
+            "launcher",
+            "worker_init",
+            "scheduler_options",
+            "init_blocks",
+            "min_blocks",
+            "max_blocks",
+            "parallelism",
+            "cmd_timeout",
+            "status_polling_interval",
+        ),
+        "",
+        "As for Parsl's ``{parsl_provider}`` (``scheduler_options`` are extra ``{directive}`` "
+        "lines).",
+    ),
 )
-
-
-def shared_settings(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The base class's keyword arguments out of a subclass constructor's ``locals()``."""
-    return {name: arguments[name] for name in _SETTINGS}
 
 
 @dataclass
@@ -78,11 +115,34 @@ class _Job:
     submitted_at: float | None = None
 
 
-class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
-    """Base of the batch-scheduler backfill providers; see the subclasses for the options."""
+class BatchBackfillProvider(PilotProvider):
+    """Base of the batch-scheduler backfill providers; see the subclasses for the options.
+
+    A subclass names ``parsl_provider`` and ``directive``, which its shared settings'
+    descriptions use; its constructor must take every shared setting (a ``TypeError`` at its
+    definition says which it lacks), and the descriptions of those its docstring does not
+    describe are appended to that docstring's ``Parameters``.
+    """
 
     #: The scheduler's walltime unit, in seconds (Slurm counts whole minutes).
     walltime_granularity_s: float = 1.0  # PBS: seconds
+    #: Parsl's own provider for this scheduler, e.g. ``"SlurmProvider"``.
+    parsl_provider: ClassVar[str]
+    #: The prefix of the batch script's scheduler directives, e.g. ``"#SBATCH"``.
+    directive: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        names = {n: getattr(cls, n, None) for n in ("parsl_provider", "directive")}
+        if None in names.values():
+            raise TypeError(f"{cls.__name__} must name its parsl_provider and directive")
+        own = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in own.values()):
+            missing = [name for name in _SHARED if name not in own]
+            if missing:
+                raise TypeError(f"{cls.__name__}.__init__ lacks the shared {', '.join(missing)}")
+        if cls.__doc__:
+            cls.__doc__ = _with_shared_parameters(cls.__doc__, **names)
 
     def __init__(
         self,
@@ -120,7 +180,7 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
         check_number("parallelism", parallelism, at_least=0, at_most=1)
         check_number("cmd_timeout", cmd_timeout, above=0)
         check_count("status_polling_interval", status_polling_interval)
-        self._label = label
+        super().__init__(label, status_polling_interval)
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
         self.min_walltime, self.max_walltime = min_walltime, max_walltime
         self.min_walltime_s, self.max_walltime_s = walltimes
@@ -130,15 +190,8 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
         self.scheduler_options = scheduler_options
         self.init_blocks, self.min_blocks, self.max_blocks = init_blocks, min_blocks, max_blocks
         self.parallelism, self.cmd_timeout = parallelism, cmd_timeout
-        self._polling_interval = status_polling_interval
-        self.nodes_per_block = 1  # nominal: each pilot's real size is in self.pilots
-        self.script_dir: str | None = None
-        self.resources: dict[str, dict] = {}
-        self.pilots: dict[str, Pilot] = {}
         self._jobs: dict[str, _Job] = {}
-        self._lock = threading.RLock()
         self._checked = False
-        self._count = 0
 
     # --- what a scheduler supplies ----------------------------------------------------------
 
@@ -213,9 +266,9 @@ class BatchBackfillProvider(ExecutionProvider, RepresentationMixin):
 # parsl-bf pilot {job.pilot.job_id}: {request.nodes} node(s) for {wall} s, sized to a hole.
 export PATH={shlex.quote(python_bin())}:$PATH
 {self.worker_init}
-export PARSL_BF_JOB_ID={shlex.quote(job.pilot.job_id)}
-export PARSL_BF_NODES=$({self._node_list()})
-export PARSL_BF_PILOT_END=$(( $(date +%s) + {wall} ))
+export {environment.PILOT_JOB_ID}={shlex.quote(job.pilot.job_id)}
+export {environment.PILOT_NODES}=$({self._node_list()})
+export {environment.PILOT_END}=$(( $(date +%s) + {wall} ))
 # At preemption the scheduler's signal ends the pilot at once: the main job waiting for these
 # nodes starts as soon as we are gone. The pilot's processes (their own process group) get
 # TERM first and up to {self.exit_wait_s:g} s to leave (a BackfillExecutor's fragments
@@ -363,61 +416,66 @@ done
             job.request = job.submitted_at = job.pilot.scheduler_id = None
             self.resources[job.pilot.job_id] = {"job_id": None}
 
-    def status(self, job_ids) -> list[JobStatus]:
-        """Pilot states; submits waiting pilots to holes that opened since the last poll."""
-        with self._lock:
-            now = time.time()
-            for job_id in job_ids:
-                job = self._jobs.get(job_id)
-                if job is None or job.request is None or job.pilot.state in TERMINAL_STATES:
-                    continue
-                try:
-                    self._refresh(job)
-                except SchedulerError as exc:  # controller unreachable: keep the last state
-                    log.warning("pilot %s: status unknown: %s", job_id, exc)
-            self._withdraw_stale(now)
-            self._place_waiting(now)
-            out = []
-            for job_id in job_ids:
-                job = self._jobs.get(job_id)
-                if job is None:
-                    out.append(JobStatus(JobState.UNKNOWN, "unknown job id"))
-                    continue
-                res = self.resources.get(job_id, {})
-                out.append(
-                    JobStatus(
-                        job.pilot.state,
-                        job.pilot.reason or None,
-                        stdout_path=res.get("job_stdout_path"),
-                        stderr_path=res.get("job_stderr_path"),
-                    )
-                )
-            return out
-
-    def cancel(self, job_ids) -> list[bool]:
-        """Cancel pilots: waiting ones are dropped, submitted ones cancelled by the scheduler."""
-        with self._lock:
-            done, submitted = [], []
-            for job_id in job_ids:
-                job = self._jobs.get(job_id)
-                if job is None or job.pilot.state in TERMINAL_STATES:
-                    done.append(False)
-                    continue
-                if job.request is not None:
-                    assert job.pilot.scheduler_id is not None
-                    submitted.append(job.pilot.scheduler_id)
-                job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
-                done.append(True)
+    def _update(self, job_ids: list[str]) -> None:
+        """Ask the scheduler about these pilots, withdraw those that missed their hole, and
+        submit waiting pilots to holes that opened since the last poll."""
+        now = time.time()
+        for job_id in job_ids:
+            job = self._jobs[job_id]
+            if job.request is None or job.pilot.state in TERMINAL_STATES:
+                continue
             try:
-                self._cancel(submitted)
-            except SchedulerError as exc:
-                log.warning("cancel: %s", exc)
-            return done
+                self._refresh(job)
+            except SchedulerError as exc:  # controller unreachable: keep the last state
+                log.warning("pilot %s: status unknown: %s", job_id, exc)
+        self._withdraw_stale(now)
+        self._place_waiting(now)
 
-    @property
-    def label(self) -> str:
-        return self._label
+    def _end(self, job_ids: list[str]) -> None:
+        """Waiting pilots are dropped, submitted ones cancelled by the scheduler."""
+        submitted = []
+        for job_id in job_ids:
+            job = self._jobs[job_id]
+            if job.request is not None:
+                assert job.pilot.scheduler_id is not None
+                submitted.append(job.pilot.scheduler_id)
+            job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
+        if not submitted:
+            return
+        try:
+            self._cancel(submitted)
+        except SchedulerError as exc:
+            log.warning("cancel: %s", exc)
 
-    @property
-    def status_polling_interval(self) -> int:
-        return self._polling_interval
+
+#: The settings of :class:`BatchBackfillProvider`'s constructor, which each subclass takes.
+_SHARED = tuple(inspect.signature(BatchBackfillProvider.__init__).parameters)[2:]  # no self, label
+
+
+def shared_settings(arguments: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The base class's keyword arguments out of a subclass constructor's ``locals()``, with
+    ``overrides`` (e.g. the subclass's default launcher) taking precedence."""
+    return {name: arguments[name] for name in _SHARED} | overrides
+
+
+def _with_shared_parameters(doc: str, **names: str) -> str:
+    """``doc`` with the entries of :data:`SHARED_PARAMETERS` it lacks appended to its
+    ``Parameters`` section (its last section), indented as its own entries are; ``doc`` as
+    it is when it has no such section."""
+    lines = doc.rstrip().splitlines()
+    at = next((i for i, line in enumerate(lines) if line.strip() == "Parameters"), None)
+    if at is None:  # nothing to append to
+        return doc
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    documented = set()
+    for line in lines[at + 2 :]:
+        header = re.fullmatch(rf"{indent}(\w+(?:,\s*\w+)*),?\s*(?::.*)?", line)
+        if header:
+            documented.update(n.strip() for n in header.group(1).split(","))
+    added = []
+    for names_, kind, text in SHARED_PARAMETERS:
+        left = [n for n in names_ if n not in documented]
+        if left:
+            added.append(indent + ", ".join(left) + (f" : {kind}" if kind else ""))
+            added.append(f"{indent}    {text.format(**names)}")
+    return "\n".join([*lines, *added]) + "\n"

@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..allocation import Objective
+from pydantic import ValidationError
+
+from ..allocation import AllocatorSettings, Objective
 from .errors import ReplayInputError
 from .jobsets import default_data_dir, load_job_set
-from .policies import POLICIES, make_policy
+from .policies import POLICIES
 from .report import summary_table, write_report
 from .simulator import ReplayConfig, replay
 from .swf import load_swf
@@ -152,14 +154,28 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.tfwd == "auto":
+    # The same policy object as the BackfillExecutor's ``allocator``; ``auto`` resolves to the
+    # median hole length of the replayed nodes, as the executor's to its pilots' walltimes.
+    try:
+        policy = AllocatorSettings(
+            policy=args.policy, objective=args.objective, tfwd=args.tfwd, time_limit=args.time_limit
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        print(
+            f"parsl-bf replay: error: {flag}: {err['msg'].removeprefix('Value error, ')}",
+            file=sys.stderr,
+        )
+        return 2
+    if policy.tfwd == "auto":
         tfwd = trace.suggest_tfwd(args.start, end)
         print(f"T_fwd = {tfwd:.0f} s (median hole length of the replayed nodes)", file=sys.stderr)
     else:
-        tfwd = float(args.tfwd)
+        tfwd = policy.lookahead()
     config = ReplayConfig(
         tfwd=tfwd,
-        objective=Objective(args.objective),
+        objective=policy.objective,
         max_jobs=args.max_jobs,
         start_s=args.start,
         end_s=end,
@@ -168,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     update, finish = _progress(end, args.start)
     began = time.perf_counter()
     try:
-        result = replay(trace, jobs, make_policy(args.policy, args.time_limit), config, update)
+        result = replay(trace, jobs, policy, config, update)
     finally:
         finish()
     out = args.out or Path("runs") / time.strftime("replay-%Y%m%d-%H%M%S")

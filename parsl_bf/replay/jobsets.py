@@ -11,17 +11,16 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..allocation import AllocationInputError, TaskSpec
+from ..environment import DATA
 from .errors import ReplayInputError
 
 __all__ = ["Job", "load_job_set", "default_data_dir"]
 
-_DATA_ENV = "PARSL_BF_DATA"
-
 
 def default_data_dir() -> Path:
     """``$PARSL_BF_DATA``, else ``../shared/data/bftrainer-dev`` beside the checkout."""
-    if os.environ.get(_DATA_ENV):
-        return Path(os.environ[_DATA_ENV])
+    if os.environ.get(DATA):
+        return Path(os.environ[DATA])
     return Path(__file__).resolve().parents[3] / "shared" / "data" / "bftrainer-dev"
 
 

@@ -1,90 +1,17 @@
-"""Allocation policies the replay compares: the MILP and the original's two heuristics.
-
-Each policy maps an :class:`~parsl_bf.allocation.AllocationProblem` to an
-:class:`~parsl_bf.allocation.Allocation`, so the replay (and later the executor) call them alike.
-"""
+"""The policies the replay compares, by name: the same objects the BackfillExecutor uses."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
-from ..allocation import (
-    Allocation,
-    AllocationInputError,
-    AllocationProblem,
-    SolveStatus,
-    allocate,
-    gain_table,
-    score,
-)
+from ..allocation.heuristics import equal_share, greedy
+from ..allocation.policy import POLICIES, AllocatorSettings, Policy
 
 __all__ = ["Policy", "POLICIES", "make_policy", "equal_share", "greedy"]
 
-Policy = Callable[[AllocationProblem], Allocation]
 
-
-def _answer(problem: AllocationProblem, counts: dict[str, int], start: float) -> Allocation:
-    return Allocation(
-        status=SolveStatus.FEASIBLE,
-        objective=score(problem, counts)[0],
-        counts=counts,
-        solve_s=time.perf_counter() - start,
-    )
-
-
-def equal_share(problem: AllocationProblem) -> Allocation:
-    """The original's heuristic: ⌊N/J⌋ each, clipped to [min, max]; leftovers first come first."""
-    start = time.perf_counter()
-    tasks = problem.tasks
-    share = problem.capacity // len(tasks)
-    counts = {t.id: min(share, t.max_nodes) if share >= t.min_nodes else 0 for t in tasks}
-    left = problem.capacity - sum(counts.values())
-    for t in tasks:  # tasks arrive in admission order
-        extra = t.max_nodes - counts[t.id] if counts[t.id] else t.max_nodes
-        extra = min(extra, left)
-        if counts[t.id] == 0 and extra < t.min_nodes:
-            continue
-        counts[t.id] += extra
-        left -= extra
-    return _answer(problem, counts, start)
-
-
-def greedy(problem: AllocationProblem) -> Allocation:
-    """Repeatedly give the next feasible count to the task with the best gain per added node."""
-    start = time.perf_counter()
-    tables = [gain_table(t, problem) for t in problem.tasks]
-    pos = [0] * len(tables)  # index into each table's counts; 0 is "0 nodes"
-    left = problem.capacity
-    while True:
-        best, best_j = 0.0, -1
-        for j, t in enumerate(tables):
-            k = pos[j]
-            if k + 1 >= len(t.counts):
-                continue
-            step = int(t.counts[k + 1] - t.counts[k])
-            if step > left:
-                continue
-            per_node = float(t.gain[k + 1] - t.gain[k]) / step
-            if per_node > best:
-                best, best_j = per_node, j
-        if best_j < 0:
-            break
-        left -= int(tables[best_j].counts[pos[best_j] + 1] - tables[best_j].counts[pos[best_j]])
-        pos[best_j] += 1
-    counts = {t.task_id: int(t.counts[k]) for t, k in zip(tables, pos, strict=True)}
-    return _answer(problem, counts, start)
-
-
-POLICIES = ("milp", "exact", "equal-share", "greedy")
-
-
-def make_policy(name: str, time_limit: float | None = 10.0) -> Policy:
+def make_policy(name: str, time_limit: float = 10.0) -> AllocatorSettings:
     """The policy called ``name`` (one of :data:`POLICIES`)."""
-    if name in ("milp", "exact"):
-        return lambda problem: allocate(problem, solver=name, time_limit=time_limit)
-    if name == "equal-share":
-        return equal_share
-    if name == "greedy":
-        return greedy
-    raise AllocationInputError("policy", f"unknown policy {name!r} ({', '.join(POLICIES)})")
+    from ..allocation import AllocationInputError
+
+    if name not in POLICIES:
+        raise AllocationInputError("policy", f"unknown policy {name!r} ({', '.join(POLICIES)})")
+    return AllocatorSettings(policy=name, time_limit=time_limit)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import environment
 from . import elastic
 from .checkpoint import CheckpointError
 from .rendezvous import join
@@ -114,7 +115,7 @@ def _share_cores(comm: MPI.Comm) -> None:
     """One intra-op thread pool per rank would oversubscribe a node: split its cores."""
     import torch
 
-    override = os.environ.get("PARSL_BF_THREADS_PER_RANK")  # e.g. an emulated node per core
+    override = os.environ.get(environment.THREADS_PER_RANK)  # e.g. an emulated node per core
     local = comm.Split_type(MPI.COMM_TYPE_SHARED).size
     torch.set_num_threads(int(override) if override else max(1, (os.cpu_count() or 1) // local))
 

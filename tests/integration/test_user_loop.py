@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from parsl_bf.executor.lifecycle import TaskDir
 from parsl_bf.training import load_latest
 from parsl_bf.training.data import total_steps
 
@@ -73,7 +74,7 @@ def test_the_loop_runs_on_the_backfill_executor_through_preemptions(tmp_path: Pa
         min_walltime="00:00:05", max_walltime="00:30:00", grace_s=5, max_blocks=3,
     )  # fmt: skip
     executor = BackfillExecutor(
-        label="bf", provider=provider, tfwd=30, checkpoint_every=5, rescale_s=5,
+        label="bf", provider=provider, allocator={"tfwd": 30}, checkpoint_every=5, rescale_s=5,
         heartbeat_timeout_s=10,
     )  # fmt: skip
     config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
@@ -87,7 +88,8 @@ def test_the_loop_runs_on_the_backfill_executor_through_preemptions(tmp_path: Pa
         k * EPOCH for k in range(1, epochs + 1)
     ]
     assert executor.preemptions >= 1
-    task_dir = next((Path(executor.directory) / "tasks").iterdir())
-    starts = [json.loads(x) for x in (task_dir / "progress.jsonl").open() if '"start"' in x]
+    (task,) = executor.controller.elastic
+    progress = TaskDir.of(executor.directory, task).progress
+    starts = [json.loads(x) for x in progress.open() if '"start"' in x]
     assert len(starts) >= 2  # it was stopped and started again, from its checkpoint
     assert any(s["samples"] > BATCH for s in starts[1:])

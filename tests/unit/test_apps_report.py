@@ -1,13 +1,16 @@
-"""``elastic_app``'s node bounds, and the run report's rows for elastic tasks."""
+"""``elastic_app``'s node bounds, the run report's rows for elastic tasks, and what the progress
+thread of ``parsl-bf run`` reads."""
 
 from __future__ import annotations
 
 import csv
+import json
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import parsl
 import pytest
@@ -15,7 +18,9 @@ from parsl.config import Config
 from parsl.dataflow.futures import AppFuture
 from parsl.dataflow.states import States
 from parsl.dataflow.taskrecord import TaskRecord
+from parsl.executors import HighThroughputExecutor, ThreadPoolExecutor
 
+from parsl_bf.commands.progress import Progress, writes_status
 from parsl_bf.executor import BackfillExecutor
 from parsl_bf.executor.apps import elastic_app, node_limit
 from parsl_bf.providers import LocalBackfillProvider, SlurmBackfillProvider
@@ -224,3 +229,42 @@ def test_report_folds_many_metrics_into_one_column(tmp_path: Path) -> None:
     assert header.endswith("| loss | metrics | error |")
     assert "m0=0, m1=1, m2=2" in md
     assert [csv_rows[0][f"m{i}"] for i in range(8)] == [str(float(i)) for i in range(8)]
+
+
+# --- the progress thread --------------------------------------------------------------------
+
+
+class _Renamed(BackfillExecutor):
+    """A BackfillExecutor by another name: still one that writes its own status."""
+
+
+def test_progress_reads_the_status_of_executors_that_write_their_own(tmp_path: Path) -> None:
+    provider = LocalBackfillProvider(nodes=4, max_nodes=2, max_blocks=2)
+    executors = [
+        BackfillExecutor(label="bf", provider=provider),
+        _Renamed(label="bf2", provider=LocalBackfillProvider(nodes=4, max_nodes=2)),
+        HighThroughputExecutor(label="htex"),
+        ThreadPoolExecutor(label="threads"),
+    ]
+    assert [writes_status(e) for e in executors] == [True, True, False, False]
+    assert not writes_status(mock.MagicMock())  # by the flag's value, not by having it
+    progress = Progress(Config(executors=executors), live=False)
+    assert progress.backfill == 2
+
+    run_dir = tmp_path / "runinfo" / "000"
+    for label, rate in (("bf", 2.5), ("bf2", 1.0)):
+        (run_dir / label).mkdir(parents=True)
+        snapshot = {
+            "label": label,
+            "preemptions": 1,
+            "pilots": [{"pilot": f"{label}-0", "nodes": ["n0", "n1", "n2"]}],
+            "tasks": [{"task": 0, "nodes": 2, "rate": rate}],
+        }
+        (run_dir / label / "status.json").write_text(json.dumps(snapshot))
+    dfk = mock.Mock(run_dir=str(run_dir), task_state_counts_lock=threading.Lock())
+    dfk.task_state_counts = {States.running: 2, States.exec_done: 1}
+    progress.dfks.append(dfk)
+    for _ in range(2):  # the second time from the paths found the first time
+        s = progress.sample()
+        seen = (s.running, s.done, s.in_use, s.idle, s.rate, s.preemptions)
+        assert seen == (2, 1, 4, 2, 3.5, 2)

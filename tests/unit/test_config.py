@@ -30,9 +30,10 @@ def test_shipped_local_config_builds_parsl_objects() -> None:
     assert isinstance(executor, BackfillExecutor) and executor.label == "bf"
     assert isinstance(executor.provider, LocalBackfillProvider)
     assert executor.provider.nodes == 64 and executor.provider.max_walltime_s == 1800
-    assert config.retries == 2 and config.parsl_bf_allocator.tfwd == "auto"
-    # The allocator section configures the executor.
-    assert executor.checkpoint_every == 10 and executor.controller.tfwd is None
+    # The allocator mapping under the executor is its allocation policy.
+    assert config.retries == 2 and executor.allocator.tfwd == "auto"
+    assert executor.controller.allocator is executor.allocator
+    assert executor.checkpoint_every == 10 and executor.max_tasks == 10
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
@@ -64,7 +65,7 @@ def test_environment_variables_are_substituted_and_typed(tmp_path, monkeypatch) 
         "grace_s: 5", "grace_s: 5\n      worker_init: ${INIT}"
     )
     (tmp_path / "c.yaml").write_text(text)
-    config, _ = validate_config(tmp_path / "c.yaml")
+    config = validate_config(tmp_path / "c.yaml")
     assert config.executors[0].provider.nodes == 3
     assert config.executors[0].provider.worker_init == "true"
 
@@ -89,7 +90,7 @@ def _line_of(text: str, needle: str) -> int:
             "objective: throughput",
             "objective: fastest",
             "objective: fastest",
-            "allocator.objective",
+            "executors[0].allocator.objective",
             "Input should be",
         ),
         ("retries: 2", "retry: 2", "retry: 2", "retry", "unknown key"),
@@ -147,22 +148,21 @@ def _line_of(text: str, needle: str) -> int:
             "objective: throughput",
             "objectiv: throughput",
             "objectiv:",
-            "allocator.objectiv",
-            "unknown key for allocator "
-            "(allowed: objective, tfwd, time_limit, max_tasks, checkpoint_every)",
+            "executors[0].allocator.objectiv",
+            "unknown key (allowed: policy, objective, tfwd, time_limit)",
         ),
         (
             "tfwd: auto",
             "tfwd: soon",
             "tfwd: soon",
-            "allocator.tfwd",
+            "executors[0].allocator.tfwd",
             "expected \"auto\" or a positive number of seconds, got 'soon'",
         ),
         (
             "time_limit: 10",
             "time_limit: .inf",
             "time_limit",
-            "allocator.time_limit",
+            "executors[0].allocator.time_limit",
             "Input should be a finite number",
         ),
     ],
@@ -206,13 +206,13 @@ def test_every_unknown_key_error_lists_the_allowed_keys(tmp_path) -> None:
 
 def test_shipped_local_config_works_from_any_directory(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # tests/data/trace64 does not exist from here
-    config, _ = validate_config(ROOT / "configs" / "local.yaml")
+    config = validate_config(ROOT / "configs" / "local.yaml")
     trace = Path(parsl_bf.load_config(ROOT / "configs" / "local.yaml").executors[0].provider.trace)
     assert trace.is_absolute() and trace == TRACE and (trace / "nodes.csv").is_file()
     assert Path(config.executors[0].provider.trace) == TRACE
     # A relative config path is taken from the working directory, its paths from the file.
     monkeypatch.chdir(ROOT / "tests")
-    config, _ = validate_config("../configs/local.yaml")
+    config = validate_config("../configs/local.yaml")
     assert Path(config.executors[0].provider.trace) == TRACE
 
 
@@ -224,7 +224,7 @@ def test_paths_expand_variables_and_home(tmp_path, monkeypatch) -> None:
     elsewhere = tmp_path / "configs"
     elsewhere.mkdir()
     (elsewhere / "c.yaml").write_text(LOCAL.replace(f"trace: {TRACE}", "trace: ${TRACES}/t64"))
-    config, _ = validate_config(elsewhere / "c.yaml")
+    config = validate_config(elsewhere / "c.yaml")
     assert config.executors[0].provider.trace == tmp_path / "traces" / "t64"
 
 
@@ -288,9 +288,9 @@ def test_python_configs_get_the_constructor_checks(tmp_path, make, field, messag
     assert str(info.value).startswith(f"{field}: ")
 
 
-def test_validate_prints_the_allocator_only_for_a_backfill_executor(tmp_path, capsys) -> None:
+def test_validate_prints_the_allocator_of_each_backfill_executor(tmp_path, capsys) -> None:
     assert main(["validate", str(ROOT / "configs" / "local.yaml")]) == 0
-    assert "; allocator {'objective': 'throughput'" in capsys.readouterr().out
+    assert "; bf allocator {'policy': 'milp', 'objective': 'throughput'" in capsys.readouterr().out
     htex = (
         "executors:\n"
         "  - type: HighThroughputExecutor\n"
@@ -306,14 +306,11 @@ def test_validate_prints_the_allocator_only_for_a_backfill_executor(tmp_path, ca
         f"{tmp_path / 'plain.yaml'}: ok: executors htex "
         "(HighThroughputExecutor on LocalBackfillProvider)\n"
     )
+    # The old top-level section is refused with where it goes now, not silently ignored.
     (tmp_path / "extra.yaml").write_text(htex + "allocator:\n  tfwd: 600\n")
-    assert main(["validate", str(tmp_path / "extra.yaml")]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and "allocator {" not in lines[0]
-    assert lines[1] == (
-        f"{tmp_path / 'extra.yaml'}: note: the allocator section has no effect: no executor "
-        "takes it (only a BackfillExecutor does)"
-    )
+    assert main(["validate", str(tmp_path / "extra.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'extra.yaml'}:7 allocator: " in err and "under the BackfillExecutor" in err
 
 
 def test_validate_command_reports_a_range_error_on_its_line(tmp_path, capsys) -> None:

@@ -85,7 +85,7 @@ def test_every_key_in_the_reference_validates(name: str, param, tmp_path: Path) 
     text = _yaml_with(name, param.name, param.default)
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    config, _ = validate_config(path)
+    config = validate_config(path)
     (executor,) = config.executors
     target = executor if name == "BackfillExecutor" else executor.provider
     assert type(target).__name__ == name, text
@@ -94,8 +94,8 @@ def test_every_key_in_the_reference_validates(name: str, param, tmp_path: Path) 
 def test_example_in_the_reference_validates(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WORKER_INIT", "true")
     (tmp_path / "c.yaml").write_text(EXAMPLE)
-    config, allocator = validate_config(tmp_path / "c.yaml")
-    assert config.retries == 2 and allocator.tfwd == "auto"
+    config = validate_config(tmp_path / "c.yaml")
+    assert config.retries == 2 and config.executors[0].allocator.tfwd == "auto"
     assert config.executors[0].provider.nodes == 8
 
 

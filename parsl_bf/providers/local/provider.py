@@ -10,6 +10,12 @@ walltime ends, the pilot gets SIGTERM, then SIGKILL after the grace time, like a
 preemption, and is reported as ``JobState.TIMEOUT`` (never FAILED, which would make Parsl give
 up on the provider). A pilot's nodes and end time are in ``provider.pilots[job_id]`` and in
 its environment (``PARSL_BF_NODES``, ``PARSL_BF_PILOT_END``).
+
+The emulation runs in a thread while the provider has live pilots (a later ``submit()``
+starts it again); ``close()`` ends every pilot and waits for that thread. A pilot's first
+process is reaped only once none of its processes is left, and never signalled after: its pid,
+which is also the id of its process group and session, cannot be recycled meanwhile, so a
+signal meant for a pilot cannot reach another process.
 """
 
 from __future__ import annotations
@@ -21,15 +27,15 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from parsl.jobs.states import TERMINAL_STATES, JobState, JobStatus
+from parsl.jobs.states import TERMINAL_STATES, JobState
 from parsl.launchers import SingleNodeLauncher
 from parsl.launchers.base import Launcher
-from parsl.providers.base import ExecutionProvider
-from parsl.utils import RepresentationMixin
 
+from ... import environment
 from ...replay.trace import IdleTrace, load_trace
 from ..base import (
     Pilot,
@@ -40,6 +46,7 @@ from ..base import (
     check_walltimes,
     python_bin,
 )
+from ..pilots import PilotProvider
 from ..sizing import Hole, size_pilot
 from .emulation import NodeStates, synthetic_trace
 
@@ -55,8 +62,20 @@ class _Job:
     tasks_per_node: int
     proc: subprocess.Popen | None = None
     term_sent: float | None = None  # wall time of the SIGTERM
+    kill_sent: float | None = None  # wall time of the first SIGKILL, after the grace time
     out: Path | None = None
     err: Path | None = None
+
+
+def _processes() -> Iterator[tuple[int, int, int]]:
+    """``(pid, ppid, session)`` of every live process (Linux /proc; zombies left out)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] not in ("Z", "X"):  # a zombie is dead, only not reaped yet
+            yield int(stat.parent.name), int(fields[1]), int(fields[3])
 
 
 def _session_tree(sid: int) -> list[int]:
@@ -64,14 +83,9 @@ def _session_tree(sid: int) -> list[int]:
     sessions of their own (Linux /proc): what a batch system's job container holds."""
     children: dict[int, list[int]] = {}
     members: list[int] = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        pid = int(stat.parent.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        if int(fields[3]) == sid:
+    for pid, ppid, session in _processes():
+        children.setdefault(ppid, []).append(pid)
+        if session == sid:
             members.append(pid)
     out: list[int] = []
     stack = list(members)
@@ -83,7 +97,34 @@ def _session_tree(sid: int) -> list[int]:
     return out
 
 
-class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether ``proc`` has exited, without reaping it: until :func:`_reap`, its pid (the id
+    of its process group and session too) stays reserved, so signalling them is safe."""
+    if proc.returncode is not None:
+        return True
+    if not hasattr(os, "waitid"):  # no way to look without reaping
+        return proc.poll() is not None
+    try:
+        seen = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped elsewhere: record it, and signal it no more
+        proc.poll()
+        return True
+    return seen is not None and seen.si_pid == proc.pid
+
+
+def _session_alive(sid: int) -> bool:
+    """Whether a live process other than its (exited, unreaped) leader is left in session
+    ``sid``; where there is no /proc, whether its process group is."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.killpg(sid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return any(session == sid and pid != sid for pid, _, session in _processes())
+
+
+class LocalBackfillProvider(PilotProvider):
     """Pilots on an emulated backfill cluster whose idle nodes follow a trace.
 
     Parameters
@@ -117,6 +158,9 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         Seconds between two ticks of the emulation (node states, preemptions, pilot exits).
     """
 
+    #: Every emulated node is this machine: the executor gives each rank one thread.
+    emulated = True
+
     def __init__(
         self,
         nodes: int | None = None,
@@ -143,7 +187,6 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         # Every check raises SettingError naming the argument (the YAML loader points at its
         # line), here rather than at the first submit(): a bad value there would fail in the
         # emulation thread, and the workflow would wait for pilots that never start.
-        self._label = "local-backfill"
         self.nodes = (os.cpu_count() or 1) if nodes is None else check_count("nodes", nodes)
         check_count("node_offset", node_offset, 0)
         if trace is not None:
@@ -179,6 +222,7 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         check_blocks(init_blocks, min_blocks, max_blocks)
         check_number("parallelism", parallelism, at_least=0, at_most=1)
         check_number("poll_s", poll_s, above=0)
+        super().__init__("local-backfill", status_polling_interval=1)
         # Parsl's RepresentationMixin (repr in logs) needs each argument as an attribute.
         self.trace, self.node_offset, self.trace_start = trace, node_offset, trace_start
         self.time_scale, self.idle_s, self.busy_s = time_scale, idle_s, busy_s
@@ -190,16 +234,10 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         self.launcher, self.worker_init = launcher or SingleNodeLauncher(), worker_init
         self.init_blocks, self.min_blocks, self.max_blocks = init_blocks, min_blocks, max_blocks
         self.parallelism = parallelism
-        self.nodes_per_block = 1  # nominal: each pilot's real size is in self.pilots
-        self.script_dir: str | None = None
-        self.resources: dict[str, dict] = {}
-        self.pilots: dict[str, Pilot] = {}
         self._jobs: dict[str, _Job] = {}
-        self._lock = threading.RLock()
         self._states: NodeStates | None = None
         self._t0 = 0.0
-        self._thread: threading.Thread | None = None
-        self._count = 0
+        self._thread: threading.Thread | None = None  # the emulation, while pilots are live
 
     # --- the emulated machine ---------------------------------------------------------------
 
@@ -209,32 +247,45 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
             return synthetic_trace(self.nodes, self.idle_s, self.busy_s, horizon)
         return load_trace(self.trace, self.nodes, self.node_offset)
 
+    def _clock(self) -> float:
+        """Now. At the first call the emulated machine is built and its trace clock starts,
+        so that the first pilot is sized at ``trace_start`` exactly."""
+        if self._states is None:
+            self._states = NodeStates(self._trace())
+            self._t0 = time.time()
+            return self._t0
+        return time.time()
+
     def _start(self) -> None:
-        if self._thread is not None:
-            return
-        self._states = NodeStates(self._trace())
-        self._t0 = time.time()
-        self._thread = threading.Thread(target=self._loop, name="local-backfill", daemon=True)
-        self._thread.start()
+        """Start the emulation thread if none runs (called with the lock held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="local-backfill", daemon=True)
+            self._thread.start()
 
     def trace_time(self, wall: float | None = None) -> float:
         """The emulated trace second at wall-clock time ``wall`` (now by default)."""
         return self.trace_start + ((wall or time.time()) - self._t0) * self.time_scale
 
+    def _live(self) -> bool:
+        return any(job.pilot.state not in TERMINAL_STATES for job in self._jobs.values())
+
     def _loop(self) -> None:
         while True:
-            try:
-                self._tick()
-            except Exception:  # keep emulating: a broken tick must not freeze every pilot
-                log.exception("local backfill emulation tick failed")
+            with self._lock:
+                if not self._live():  # nothing left to emulate: a later submit() restarts us
+                    self._thread = None
+                    return
+                try:
+                    self._tick(time.time())
+                except Exception:  # keep emulating: a broken tick must not freeze every pilot
+                    log.exception("local backfill emulation tick failed")
             time.sleep(self.poll_s)
 
-    def _tick(self) -> None:
-        now = time.time()
-        t = self.trace_time(now)
-        assert self._states is not None
-        idle = self._states.idle_at(t)
-        with self._lock:
+    def _tick(self, now: float) -> None:
+        with self._lock:  # the node states too: submit() ticks from the caller's thread
+            assert self._states is not None
+            t = self.trace_time(now)
+            idle = self._states.idle_at(t)
             held = set()
             for job in self._jobs.values():
                 if job.pilot.state is JobState.RUNNING:
@@ -249,18 +300,25 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
     def _watch(self, job: _Job, idle, now: float) -> None:
         pilot = job.pilot
         assert job.proc is not None and self._states is not None
-        code = job.proc.poll()
+        exited = _exited(job.proc)  # not reaped: its pid stays ours to signal
         if job.term_sent is not None:
-            # Ended by our signal: done once the whole process group is gone, by itself within
-            # the grace time or by SIGKILL after it.
-            if now - job.term_sent >= self.grace_s:
-                self._signal(job, signal.SIGKILL)
-            if code is not None and not self._group_alive(job):
+            # Ended by our signal: done once none of its processes is left, gone by itself
+            # within the grace time or killed after it.
+            if exited and not _session_alive(job.proc.pid):
+                self._reap(job)
                 cancelled = pilot.reason == "cancelled"
                 pilot.state = JobState.CANCELLED if cancelled else JobState.TIMEOUT
+            elif now - job.term_sent >= self.grace_s:
+                if job.kill_sent is None:
+                    job.kill_sent = now
+                    log.info(
+                        "pilot %s: still there after %g s: SIGKILL", pilot.job_id, self.grace_s
+                    )
+                self._signal(job, signal.SIGKILL)
             return
-        if code is not None:
+        if exited:
             self._signal(job, signal.SIGKILL)  # leftovers die with the job, as in a batch system
+            code = self._reap(job)
             pilot.state = JobState.COMPLETED if code == 0 else JobState.FAILED
             pilot.reason = f"exit code {code}"
             return
@@ -302,12 +360,16 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
         directory.mkdir(parents=True, exist_ok=True)
         job.out = directory / f"{pilot.job_id}.stdout"
         job.err = directory / f"{pilot.job_id}.stderr"
+        self.resources[pilot.job_id] |= {
+            "job_stdout_path": str(job.out),
+            "job_stderr_path": str(job.err),
+        }
         env = {
             **os.environ,
             "PATH": os.pathsep.join(p for p in (python_bin(), os.environ.get("PATH")) if p),
-            "PARSL_BF_NODES": ",".join(nodes),
-            "PARSL_BF_PILOT_END": f"{pilot.ends_at:.3f}",
-            "PARSL_BF_JOB_ID": pilot.job_id,
+            environment.PILOT_NODES: ",".join(nodes),
+            environment.PILOT_END: f"{pilot.ends_at:.3f}",
+            environment.PILOT_JOB_ID: pilot.job_id,
         }
         with job.out.open("w") as out, job.err.open("w") as err:
             job.proc = subprocess.Popen(
@@ -317,8 +379,9 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
 
     def _signal(self, job: _Job, sig: int) -> None:
         """Signal the pilot's whole process group (its session); SIGKILL also reaches every
-        descendant in a session of its own, as a batch system's job container would."""
-        if job.proc is None:
+        descendant in a session of its own, as a batch system's job container would. Never
+        once its first process is reaped: its pid may then be another process's."""
+        if job.proc is None or job.proc.returncode is not None:
             return
         if sig == signal.SIGKILL:
             for pid in _session_tree(job.proc.pid):
@@ -328,12 +391,11 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
             os.killpg(job.proc.pid, sig)
 
     @staticmethod
-    def _group_alive(job: _Job) -> bool:
-        try:
-            os.killpg(job.proc.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+    def _reap(job: _Job) -> int:
+        """Reap the pilot's exited first process (it is never signalled after); its exit
+        code, negative for a signal."""
+        assert job.proc is not None
+        return job.proc.wait()
 
     def _terminate(self, job: _Job, reason: str, now: float) -> None:
         job.pilot.reason = reason
@@ -346,54 +408,37 @@ class LocalBackfillProvider(ExecutionProvider, RepresentationMixin):
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.auto") -> str:
         """Queue a pilot; it starts on the best hole as soon as one is there."""
         with self._lock:
-            self._start()
+            now = self._clock()
             self._count += 1
             job_id = f"{job_name}.{self._count}"
             pilot = Pilot(job_id)
             self.pilots[job_id] = pilot
             self._jobs[job_id] = _Job(pilot, command, tasks_per_node)
             self.resources[job_id] = {"job_id": job_id}
-        self._tick()  # place it now if a hole exists
+            self._tick(now)  # place it now if a hole exists
+            self._start()
         return job_id
 
-    def status(self, job_ids) -> list[JobStatus]:
-        with self._lock:
-            out = []
-            for job_id in job_ids:
-                job = self._jobs.get(job_id)
-                if job is None:
-                    out.append(JobStatus(JobState.UNKNOWN, "unknown job id"))
-                    continue
-                out.append(
-                    JobStatus(
-                        job.pilot.state,
-                        job.pilot.reason or None,
-                        stdout_path=str(job.out) if job.out else None,
-                        stderr_path=str(job.err) if job.err else None,
-                    )
-                )
-            return out
-
-    def cancel(self, job_ids) -> list[bool]:
+    def _end(self, job_ids: list[str]) -> None:
+        """A waiting pilot is dropped; a running one gets SIGTERM, SIGKILL after the grace
+        time, and is CANCELLED once its processes are gone (one already ending, e.g.
+        preempted, keeps its reason and grace time)."""
         now = time.time()
+        for job_id in job_ids:
+            job = self._jobs[job_id]
+            if job.pilot.state is JobState.PENDING:
+                job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
+            elif job.term_sent is None:
+                self._terminate(job, "cancelled", now)
+
+    def close(self, timeout: float | None = None) -> None:
+        """End every live pilot (as ``cancel()``) and wait, up to ``timeout`` seconds (default
+        ``grace_s`` + 10), until their processes are gone and the emulation thread has
+        stopped. The provider stays usable: a later ``submit()`` starts the emulation again."""
         with self._lock:
-            done = []
-            for job_id in job_ids:
-                job = self._jobs.get(job_id)
-                if job is None or job.pilot.state in TERMINAL_STATES:
-                    done.append(False)
-                    continue
-                if job.pilot.state is JobState.PENDING:
-                    job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
-                else:
-                    self._terminate(job, "cancelled", now)
-                done.append(True)
-            return done
-
-    @property
-    def label(self) -> str:
-        return self._label
-
-    @property
-    def status_polling_interval(self) -> int:
-        return 1
+            self.cancel(
+                [j for j, job in self._jobs.items() if job.pilot.state not in TERMINAL_STATES]
+            )
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.grace_s + 10 if timeout is None else timeout)

@@ -133,28 +133,23 @@ def _pbs_name(name: str) -> str:
 class PBSProBackfillProvider(BatchBackfillProvider):
     """Preemptible PBS Pro pilots sized to the holes the scheduler leaves.
 
+    The settings every batch provider shares (``min_nodes``, ``hole_margin_s``,
+    ``exit_wait_s``, ``pending_timeout_s``, Parsl's ``worker_init``, block settings, ...) are
+    described once, in :data:`~parsl_bf.providers.batch.SHARED_PARAMETERS`, and appended to
+    the ``Parameters`` below; those whose meaning is PBS's own are here.
+
     Parameters
     ----------
     queue : str
         Execution queue of preemptible work (its free vnodes are where holes are looked for).
     account : str or None
         ``-A`` of the pilots.
-    min_nodes, max_nodes : int
-        Nodes per pilot; no pilot is submitted until a hole of ``min_nodes`` exists.
     min_walltime, max_walltime : str
         Bounds of a pilot's ``walltime`` ("HH:MM:SS"); a hole shorter than the minimum is not
         used.
-    hole_margin_s : float
-        Seconds taken off a hole's length, for schedulers whose planned starts move earlier.
     signal_lead_s : int
         A finished pilot whose run reached its walltime minus this lead ended at the walltime
         (PBS sends no signal before the walltime: the pilot leaves on the walltime's SIGTERM).
-    exit_wait_s : float
-        At preemption or walltime end the pilot's processes get TERM and up to this long to
-        leave (a BackfillExecutor's fragments checkpoint) before the pilot exits.
-    pending_timeout_s : float
-        A submitted pilot the scheduler has not started this long after submission missed its
-        hole: it is cancelled and sized again to the holes of that moment.
     cpus_per_node : int
         ``ncpus`` of each chunk (``-l select=N:ncpus=C``); with ``place=scatter:excl`` the
         pilot gets the whole node either way.
@@ -164,11 +159,10 @@ class PBSProBackfillProvider(BatchBackfillProvider):
         Default :class:`~parsl.launchers.MpiRunLauncher`: a pilot spans several nodes and each
         needs its own worker pool (``mpirun`` starts one per ``$PBS_NODEFILE`` entry, one per
         chunk); ``SimpleLauncher`` would start the workers on the first node only.
-    worker_init, scheduler_options, init_blocks, min_blocks, max_blocks, parallelism,
-    cmd_timeout, status_polling_interval
-        As for Parsl's ``PBSProProvider`` (``scheduler_options`` are extra ``#PBS`` lines).
     """
 
+    parsl_provider = "PBSProProvider"
+    directive = "#PBS"
     walltime_granularity_s = 1.0  # PBS counts whole seconds
 
     def __init__(
@@ -196,10 +190,8 @@ class PBSProBackfillProvider(BatchBackfillProvider):
         status_polling_interval: int = 5,
     ) -> None:
         check_count("cpus_per_node", cpus_per_node)
-        settings = shared_settings(locals())
-        super().__init__(
-            label="pbspro-backfill", **settings | {"launcher": launcher or MpiRunLauncher()}
-        )
+        settings = shared_settings(locals(), launcher=launcher or MpiRunLauncher())
+        super().__init__(label="pbspro-backfill", **settings)
         self.queue, self.account = queue, account
         self.cpus_per_node, self.select_options = cpus_per_node, select_options
         self._queue_info: dict[str, Any] | None = None

@@ -92,35 +92,29 @@ def pilot_from_job(
 class SlurmBackfillProvider(BatchBackfillProvider):
     """Preemptible Slurm pilots sized to the holes the scheduler leaves.
 
+    The settings every batch provider shares (``min_nodes``, ``hole_margin_s``,
+    ``exit_wait_s``, ``pending_timeout_s``, Parsl's ``launcher``, ``worker_init``, block
+    settings, ...) are described once, in :data:`~parsl_bf.providers.batch.SHARED_PARAMETERS`,
+    and appended to the ``Parameters`` below; those whose meaning is Slurm's own are here.
+
     Parameters
     ----------
     partition : str
         Partition of preemptible work (its nodes are where holes are looked for).
     qos, account : str or None
         ``--qos`` (e.g. a preemptible QOS) and ``--account`` of the pilots.
-    min_nodes, max_nodes : int
-        Nodes per pilot; no pilot is submitted until a hole of ``min_nodes`` exists.
     min_walltime, max_walltime : str
         Bounds of a pilot's ``--time`` ("HH:MM:SS"); a hole shorter than the minimum is not
         used. Slurm counts whole minutes: the walltime is the hole's length rounded down.
-    hole_margin_s : float
-        Seconds taken off a hole's length, for schedulers whose planned starts move earlier.
     signal_lead_s : int
         ``--signal=B:USR1@lead``: seconds before the walltime ends at which the pilot is told to
         leave (at preemption the signal comes at the start of the grace time).
-    exit_wait_s : float
-        At preemption or walltime end the pilot's processes get TERM and up to this long to
-        leave (a BackfillExecutor's fragments checkpoint) before the pilot exits.
-    pending_timeout_s : float
-        A submitted pilot the scheduler has not started this long after submission missed its
-        hole: it is cancelled and sized again to the holes of that moment.
     exclusive : bool
         ``--exclusive`` nodes.
-    launcher, worker_init, scheduler_options, init_blocks, min_blocks, max_blocks,
-    parallelism, cmd_timeout, status_polling_interval
-        As for Parsl's ``SlurmProvider`` (``scheduler_options`` are extra ``#SBATCH`` lines).
     """
 
+    parsl_provider = "SlurmProvider"
+    directive = "#SBATCH"
     walltime_granularity_s = 60.0
 
     def __init__(
@@ -147,10 +141,8 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         cmd_timeout: float = 30.0,
         status_polling_interval: int = 5,
     ) -> None:
-        settings = shared_settings(locals())
-        super().__init__(
-            label="slurm-backfill", **settings | {"launcher": launcher or SrunLauncher()}
-        )
+        settings = shared_settings(locals(), launcher=launcher or SrunLauncher())
+        super().__init__(label="slurm-backfill", **settings)
         self.partition, self.qos, self.account, self.exclusive = partition, qos, account, exclusive
 
     def _run(self, args) -> str:

@@ -1,0 +1,100 @@
+"""The allocation policy: one object, shared by the BackfillExecutor and ``parsl-bf replay``.
+
+:class:`AllocatorSettings` is what a user sets (``allocator:`` under a BackfillExecutor in the
+YAML, ``BackfillExecutor(allocator=...)``, or ``parsl-bf replay``'s flags) and it is the policy
+itself: called on an :class:`~parsl_bf.allocation.AllocationProblem`, it returns the
+:class:`~parsl_bf.allocation.Allocation` of its method. The MILP (Pyomo/GLPK) is the default;
+``exact`` is the small exhaustive program, ``equal-share`` and ``greedy`` the original's
+heuristics (:mod:`parsl_bf.allocation.heuristics`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import AllocationInputError
+from .exact import solve_exact
+from .heuristics import equal_share, greedy
+from .milp import solve_milp
+from .spec import Allocation, AllocationProblem, Objective
+
+__all__ = ["POLICIES", "AllocatorSettings", "Policy", "check_tfwd", "DEFAULT_TFWD_S"]
+
+Policy = Callable[[AllocationProblem], Allocation]
+
+#: The allocation methods, by name.
+POLICIES = ("milp", "exact", "equal-share", "greedy")
+
+#: The look-ahead of an ``auto`` policy before any hole's length is known.
+DEFAULT_TFWD_S = 60.0
+
+
+def check_tfwd(value: Any) -> float | str:
+    """An allocation look-ahead: ``"auto"``, or a positive, finite number of seconds (a string
+    from ``${VAR}`` too), as a float; else ValueError saying what is expected."""
+    if value == "auto":
+        return "auto"
+    expected = f'expected "auto" or a positive number of seconds, got {value!r}'
+    if isinstance(value, bool):  # an int to Python, but ``tfwd: true`` is a mistake
+        raise ValueError(expected)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(expected) from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(expected)
+    return seconds
+
+
+class AllocatorSettings(BaseModel):
+    """How the elastic allocator decides: its method, objective, look-ahead and time limit."""
+
+    # allow_inf_nan: ``time_limit: .nan`` passes ``gt=0`` (nan fails no comparison).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    policy: Literal["milp", "exact", "equal-share", "greedy"] = Field(
+        "milp",
+        description="The allocation method: the Pyomo/GLPK MILP, the exhaustive program (small "
+        "instances), or the original's equal-share and greedy heuristics.",
+    )
+    objective: Objective = Field(
+        Objective.THROUGHPUT,
+        description="What the allocator maximises (formulas in `parsl_bf.allocation.gains`).",
+    )
+    tfwd: float | Literal["auto"] = Field(
+        "auto",
+        description='Look-ahead of each allocation, in seconds; "auto": the median length of '
+        "the holes so far (the pilots' walltimes; the replayed nodes' idle periods).",
+    )
+    time_limit: float = Field(
+        10.0, gt=0, description="Time limit of the MILP solver at each decision, in seconds."
+    )
+
+    @field_validator("tfwd", mode="before")
+    @classmethod
+    def _tfwd(cls, value: Any) -> Any:
+        return check_tfwd(value)
+
+    def lookahead(self, holes: Sequence[float] = ()) -> float:
+        """T_fwd in seconds: the fixed value, or the median of ``holes`` (hole lengths seen so
+        far) under ``auto``; :data:`DEFAULT_TFWD_S` while none is known."""
+        if self.tfwd != "auto":
+            return float(self.tfwd)
+        return statistics.median(holes) if holes else DEFAULT_TFWD_S
+
+    def __call__(self, problem: AllocationProblem) -> Allocation:
+        """The node counts this policy gives ``problem``'s tasks."""
+        if self.policy == "milp":
+            return solve_milp(problem, time_limit=self.time_limit)
+        if self.policy == "exact":
+            return solve_exact(problem)
+        if self.policy == "equal-share":
+            return equal_share(problem)
+        if self.policy == "greedy":
+            return greedy(problem)
+        raise AllocationInputError("policy", f"unknown policy {self.policy!r}")

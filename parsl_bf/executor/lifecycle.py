@@ -1,0 +1,312 @@
+"""The contracts between the BackfillExecutor's decision core and its I/O shell, defined once.
+
+- **Events** (:data:`Event`): what the shell saw. Channel messages, submissions, progress
+  reports and ready files become these plain values; the
+  :class:`~parsl_bf.executor.controller.Controller` takes them in batches.
+- **Commands** (:data:`Command`): what the controller decided. The shell turns them into
+  launch and signal messages to pilot agents, futures set, files and log lines written.
+- **Process keys**: the agent names each process it runs by the key given at launch:
+  ``<task>#<generation>#<group>`` for a fragment's launcher (one per pilot it spans),
+  ``plain#<task>`` for a plain app.
+- **The task directory** (:class:`TaskDir`): every file of a task, by name.
+
+Nothing here does I/O; the shell and the controller import the same names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PilotUp",
+    "PilotLeaving",
+    "PilotGone",
+    "TaskSubmitted",
+    "ProcessExited",
+    "Progress",
+    "Evaluated",
+    "Rescaled",
+    "FragmentReady",
+    "Tick",
+    "Event",
+    "StartFragment",
+    "RunPlain",
+    "Signal",
+    "Resolve",
+    "Fail",
+    "MarkLost",
+    "Note",
+    "Command",
+    "Placement",
+    "fragment_key",
+    "plain_key",
+    "parse_key",
+    "TaskDir",
+]
+
+#: One launcher per pilot a fragment spans: (pilot, its hosts the fragment runs on).
+Placement = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PilotUp:
+    """A pilot's agent registered: its hosts, and when the pilot ends (None: no end known)."""
+
+    pilot: str
+    hosts: tuple[str, ...]
+    ends_at: float | None
+
+
+@dataclass(frozen=True)
+class PilotLeaving:
+    """A pilot was told to go: ``"preempted"`` (a main job takes its nodes), ``"cancelled"``
+    (Parsl scaled it in) or ``"walltime"`` (its end is near). Its fragments checkpoint now."""
+
+    pilot: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PilotGone:
+    """A pilot's agent said bye or stopped answering: its processes are gone with it."""
+
+    pilot: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TaskSubmitted:
+    """A Parsl app was submitted: an elastic training task or a plain task (controller types)."""
+
+    task: Any  # controller.ElasticTask | controller.PlainTask
+
+
+@dataclass(frozen=True)
+class ProcessExited:
+    """A process the agent ran has exited with ``code``. ``result`` is what it left: a
+    fragment's ``result.json`` (a dict, or None if missing) as read when the exit was seen; a
+    plain app's ``(ok, value)`` outcome, or None when it left none (killed with its pilot)."""
+
+    pilot: str
+    key: str
+    code: int
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A fragment's step report: ``rate`` samples/s at ``world`` ranks, ``samples`` so far."""
+
+    task: str
+    world: int
+    rate: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A periodic evaluation of a task: its metrics at ``samples``."""
+
+    task: str
+    samples: int
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rescaled:
+    """A fragment took ``seconds`` from its predecessor's stop to its first step."""
+
+    task: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FragmentReady:
+    """A warm successor has built its model and waits to take over (its ready file exists)."""
+
+    task: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: deadlines (hand-overs, stops, pilots' walltimes) are checked."""
+
+
+Event = (
+    PilotUp
+    | PilotLeaving
+    | PilotGone
+    | TaskSubmitted
+    | ProcessExited
+    | Progress
+    | Evaluated
+    | Rescaled
+    | FragmentReady
+    | Tick
+)
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartFragment:
+    """Start ``task``'s fragment number ``generation``, one launcher per ``placement`` group
+    (process key :func:`fragment_key`); with ``after``, as a warm successor of that generation:
+    it builds its model, writes its ready file, and takes over from that fragment's result."""
+
+    task: str
+    generation: int
+    placement: Placement
+    after: int | None = None
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(hosts) for _, hosts in self.placement)
+
+
+@dataclass(frozen=True)
+class RunPlain:
+    """Run plain task ``task`` on ``host`` of ``pilot`` (process key :func:`plain_key`)."""
+
+    task: str
+    pilot: str
+    host: str
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Signal the process group of ``key`` on ``pilot``: ``"TERM"`` (checkpoint and exit) or
+    ``"KILL"``."""
+
+    pilot: str
+    key: str
+    signal: str
+
+
+@dataclass(frozen=True)
+class Resolve:
+    """Set the task's future's result: a fragment's outcome dict or a plain app's value."""
+
+    task: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Fail the task's future. ``error`` is the plain app's exception, or for a fragment (with
+    ``generation``) what went wrong, to which the shell adds the ranks' stderr."""
+
+    task: str
+    error: Any
+    generation: int | None = None
+
+
+@dataclass(frozen=True)
+class MarkLost:
+    """Write a ``lost`` result for a superseded fragment that died without one, so that its
+    warm successor, waiting for that result, takes over from the last checkpoint."""
+
+    task: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for the event log: what was decided and why."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+Command = StartFragment | RunPlain | Signal | Resolve | Fail | MarkLost | Note
+
+
+# --- process keys -----------------------------------------------------------------------------
+
+
+def fragment_key(task: str, generation: int, group: int) -> str:
+    return f"{task}#{generation}#{group}"
+
+
+def plain_key(task: str) -> str:
+    return f"plain#{task}"
+
+
+def parse_key(key: str) -> tuple[str, int | None, int | None]:
+    """``(task, generation, group)`` of a fragment's key; ``(task, None, None)`` of a plain
+    app's. ValueError for anything else."""
+    parts = key.split("#")
+    if len(parts) == 2 and parts[0] == "plain":
+        return parts[1], None, None
+    if len(parts) == 3:
+        return parts[0], int(parts[1]), int(parts[2])
+    raise ValueError(f"not a process key: {key!r}")
+
+
+# --- the task directory -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskDir:
+    """``<run_dir>/<label>/tasks/<task>/``: everything one task writes, by name.
+
+    An elastic task keeps one ``progress.jsonl`` (every fragment appends) and one
+    ``checkpoints/`` directory; each fragment has ``fragment<N>/`` with its ``result.json``,
+    its ``ready`` file (a warm successor), its ``rendezvous/`` (ranks of several pilots) and
+    each launcher's ``group<g>.stdout``/``.stderr``. A plain app has ``app.in`` (the packed
+    call), ``app.out`` (its outcome) and its output streams; an elastic task whose factory is
+    the app's own function has ``factory.in``.
+    """
+
+    path: Path
+
+    @classmethod
+    def of(cls, executor_dir: Path, task: str) -> TaskDir:
+        return cls(Path(executor_dir) / "tasks" / task)
+
+    @property
+    def progress(self) -> Path:
+        return self.path / "progress.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def fragment(self, generation: int) -> Path:
+        return self.path / f"fragment{generation}"
+
+    def result(self, generation: int) -> Path:
+        return self.fragment(generation) / "result.json"
+
+    def ready(self, generation: int) -> Path:
+        return self.fragment(generation) / "ready"
+
+    def rendezvous(self, generation: int) -> Path:
+        return self.fragment(generation) / "rendezvous"
+
+    def stream(self, generation: int, group: int, name: str) -> Path:
+        """A launcher's ``stdout`` or ``stderr``."""
+        return self.fragment(generation) / f"group{group}.{name}"
+
+    @property
+    def factory(self) -> Path:
+        return self.path / "factory.in"
+
+    @property
+    def app_in(self) -> Path:
+        return self.path / "app.in"
+
+    @property
+    def app_out(self) -> Path:
+        return self.path / "app.out"
+
+    def app_stream(self, name: str) -> Path:
+        """A plain app's ``stdout`` or ``stderr``."""
+        return self.path / f"app.{name}"
