@@ -68,6 +68,7 @@ def elastic_app(
     max_nodes: int | None = None,
     scaling: dict[int, float] | None = None,
     rescale_s: float | None = None,
+    name: str | None = None,
     executors: list[str] | str = "all",
 ) -> Callable[..., Future]:
     """An app that trains ``task`` (``module:function`` returning a TrainingTask) for ``work``
@@ -84,9 +85,13 @@ def elastic_app(
     ``min_nodes`` > ``max_nodes`` is refused with a ValueError.
 
     ``scaling`` (samples/s per node count) and ``rescale_s`` are optional guesses; measured
-    values replace them. When the loaded config has BackfillExecutors among ``executors``, the
-    task goes to them; otherwise (e.g. a stock HighThroughputExecutor) it trains on one rank in
-    a worker, so a workflow runs unchanged on any config.
+    values replace them. ``name`` is the task's key across runs (its checkpoint directory) for
+    an app submitted once; without it, the key is a digest of ``task``, ``work`` and the
+    options, so a rerun of the same workflow continues each trial where it was.
+
+    When the loaded config has BackfillExecutors among ``executors``, the task goes to them;
+    otherwise (e.g. a stock HighThroughputExecutor) it trains on one rank in a worker, so a
+    workflow runs unchanged on any config.
     """
     if min_nodes < 1:
         raise ValueError(f"elastic_app({task!r}): min_nodes must be at least 1, not {min_nodes}")
@@ -100,6 +105,8 @@ def elastic_app(
         spec["scaling"] = dict(scaling)
     if rescale_s is not None:
         spec["rescale_s"] = rescale_s
+    if name is not None:
+        spec["name"] = name
 
     def submit(**options: Any) -> Future:
         elastic, plain = _targets(executors)

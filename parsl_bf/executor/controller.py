@@ -61,6 +61,7 @@ from .lifecycle import (
     Event,
     Fail,
     FragmentReady,
+    FragmentStarted,
     MarkLost,
     Note,
     PilotGone,
@@ -132,6 +133,10 @@ class ElasticTask:
     measured_rescale_s: list[float] = field(default_factory=list)
     metrics: dict[str, Any] | None = None  # the latest evaluation, for parsl-bf status
     resolved: bool = False  # its future has its result (or error)
+    restarts: int = 0  # fragments restarted after a failure (a crashed rank, a lost node)
+    redone_samples: int = 0  # samples trained again because of those failures
+    resumed_samples: int | None = None  # done before this run first started it (a rerun)
+    redo_from: int | None = None  # samples reached when the last failure struck
 
     def curve(
         self, siblings: Mapping[int, list[float]] | None = None
@@ -230,6 +235,10 @@ class Controller:
         takes over from the checkpoint whenever it is ready).
     stop_grace_s
         A fragment told to stop whose launchers have not all exited by then is killed.
+    max_restarts
+        Fragments of a task restarted from its checkpoint after a failure that is not the
+        task's own (a crashed rank, a lost node, out of memory) before its future fails, as
+        torchrun's ``--max-restarts``. An exception in the task's code fails it at once.
     """
 
     def __init__(
@@ -241,12 +250,14 @@ class Controller:
         walltime_notice_s: float = 5.0,
         handover_timeout_s: float = 120.0,
         stop_grace_s: float = 45.0,
+        max_restarts: int = 3,
     ) -> None:
         self.allocator = allocator or AllocatorSettings()
         self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
         self.warm_rescale = warm_rescale
         self.walltime_notice_s = walltime_notice_s
         self.handover_timeout_s, self.stop_grace_s = handover_timeout_s, stop_grace_s
+        self.max_restarts = max_restarts
         self.pilots: dict[str, PilotView] = {}
         self.elastic: dict[str, ElasticTask] = {}
         self.plain: dict[str, PlainTask] = {}
@@ -310,6 +321,14 @@ class Controller:
             task = self.elastic.get(event.task)
             if task is not None:
                 task.metrics = {"samples": event.samples, **event.metrics}
+        elif isinstance(event, FragmentStarted):
+            task = self.elastic.get(event.task)
+            if task is not None:
+                if task.resumed_samples is None:
+                    task.resumed_samples = event.samples
+                if task.redo_from is not None:  # the first step after a failure's restart
+                    task.redone_samples += max(0, task.redo_from - event.samples)
+                    task.redo_from = None
         elif isinstance(event, Rescaled):
             task = self.elastic.get(event.task)
             if task is not None and event.seconds >= 0:
@@ -442,6 +461,9 @@ class Controller:
         status = result.get("status") if result else None
         samples = int(result.get("samples", 0)) if result else 0
         names = _names(fragment)
+        if task.resumed_samples is None and result and "loaded_samples" in result:
+            # It ended before its first step (the checkpoint it found was the last).
+            task.resumed_samples = int(result["loaded_samples"])
         if fragment.generation != task.generation:  # superseded by a warm successor
             if result is None:
                 # It died: the successor, waiting for its result, takes over from the last
@@ -457,22 +479,45 @@ class Controller:
             else:
                 out.append(Note("fragment_stopped", names | {"samples": samples}))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
+        elif status == "error":  # the task's own code raised: not worth a restart
+            self._fail(task, str(result.get("error") or "error"), None, out)
+            self._ended(task, fragment.generation, "failed", samples, now, out)
         elif status == "done":
             self._resolve(task, result, out)
             self._ended(task, fragment.generation, "done", samples, now, out)
         elif status == "stopped" or fragment.stop_reason is not None or fragment.lost:
             out.append(Note("fragment_stopped", names | {"samples": samples}))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
+        elif task.restarts < self.max_restarts:
+            # A crash (a rank killed, out of memory, a node lost): again from the checkpoint.
+            task.restarts += 1
+            task.redo_from = max(task.redo_from or 0, task.samples)
+            out.append(
+                Note(
+                    "fragment_failed",
+                    names | {"code": fragment.code, "restarts": task.restarts},
+                )
+            )
+            self._ended(task, fragment.generation, "stopped", samples, now, out)
         else:
-            out.append(Note("task_failed", {"task": task.id, "code": fragment.code}))
-            out.append(Fail(task.id, f"exit {fragment.code}", fragment.generation))
-            task.resolved = True
+            why = f"exit {fragment.code} after {task.restarts} restarts"
+            self._fail(task, why, fragment.generation, out)
             self._ended(task, fragment.generation, "failed", samples, now, out)
+
+    def _fail(self, task: ElasticTask, error: str, generation: int | None, out) -> None:
+        out.append(Note("task_failed", {"task": task.id, "error": error.splitlines()[-1:]}))
+        out.append(Fail(task.id, error, generation))
+        task.resolved = True
 
     def _resolve(self, task: ElasticTask, result: dict[str, Any], out: list[Command]) -> None:
         """A task's result, once: a predecessor and its successor may both end done."""
         if not task.resolved:
             task.resolved = True
+            result = result | {
+                "restarts": task.restarts,
+                "redone_samples": task.redone_samples,
+                "resumed_samples": task.resumed_samples or 0,
+            }
             out += [
                 Resolve(task.id, result),
                 Note("task_done", {"task": task.id, "samples": result.get("samples")}),

@@ -24,13 +24,16 @@ run again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import queue
+import re
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -61,6 +64,7 @@ from .lifecycle import (
     Event,
     Fail,
     FragmentReady,
+    FragmentStarted,
     MarkLost,
     Note,
     PilotGone,
@@ -88,7 +92,7 @@ log = logging.getLogger(__name__)
 
 #: Keys of ``parsl_resource_specification`` an elastic training task may use.
 ELASTIC_KEYS = frozenset(
-    {"work", "min_nodes", "max_nodes", "scaling", "rescale_s", "task", "options"}
+    {"work", "min_nodes", "max_nodes", "scaling", "rescale_s", "task", "options", "name"}
 )
 
 # A warm successor not set up by then: stop its predecessor anyway (the successor takes over
@@ -106,6 +110,7 @@ class FragmentFailed(RuntimeError):
 class _Submission:
     future: Future
     directory: TaskDir
+    key: str | None = None  # an elastic task's checkpoint key, while it is live
 
 
 class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
@@ -126,6 +131,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         The most elastic tasks running at once (first come first served).
     checkpoint_every : int
         Training steps between checkpoints (bounds the work a preemption can lose).
+    checkpoint_dir : str or None
+        Where elastic tasks keep their checkpoints, one directory per task key, so that a rerun
+        of the workflow after a crash of the driver continues each unfinished task from its
+        checkpoint and resolves each finished one from its ``outcome.json`` without training.
+        A task's key is its ``name`` (resource specification, ``elastic_app(name=...)``), else
+        a digest of its training code, options, work and arguments, as Parsl's memoization
+        computes them. None: ``checkpoints/<label>`` beside the run directories (``runinfo/``).
+    max_restarts : int
+        Restarts of a task's fragments from its checkpoint after failures that are not the
+        task's own (a crashed rank, a lost node, out of memory) before its future fails; no
+        Parsl retry is spent on them. An exception in the task's own code fails it at once.
     min_node_life_s : float or None
         Nodes whose pilot ends sooner are not offered to elastic tasks; None: twice the
         rescale cost guess. 0 is the paper's model (every node is worth taking).
@@ -165,6 +181,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         allocator: AllocatorSettings | dict[str, Any] | None = None,
         max_tasks: int = 10,
         checkpoint_every: int = 20,
+        checkpoint_dir: str | None = None,
+        max_restarts: int = 3,
         min_node_life_s: float | None = None,
         walltime_notice_s: float = 5.0,
         rescale_s: float = 10.0,
@@ -188,6 +206,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.remote_monitoring_radio = remote_monitoring_radio or FilesystemRadio()
         self.allocator = allocator_settings(allocator)
         self.max_tasks, self.checkpoint_every = max_tasks, checkpoint_every
+        self.checkpoint_dir, self.max_restarts = checkpoint_dir, max_restarts
         self.min_node_life_s = min_node_life_s
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
         self.warm_rescale = warm_rescale
@@ -203,11 +222,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             HANDOVER_TIMEOUT_S,
             # Ranks blocked on a peer that died with its pilot: killed after this.
             stop_grace_s=max(30.0, 3 * heartbeat_timeout_s),
+            max_restarts=max_restarts,
         )
         # What arrived for the decision thread: (when, channel event or lifecycle event).
         self._inbox: queue.Queue[tuple[float, object]] = queue.Queue()
         self._lock = threading.Lock()  # the controller's state, read by outstanding()
         self._submissions: dict[str, _Submission] = {}
+        self._keys: set[str] = set()  # checkpoint keys of this run's elastic tasks
         self._reports: dict[str, ReportTail] = {}  # task → its progress.jsonl, read so far
         self._ready: dict[tuple[str, int], Path] = {}  # warm successors' ready files to watch
         self._count = 0
@@ -227,6 +248,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     def start(self) -> None:
         self.directory = Path(self.run_dir) / self.label
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_root = Path(
+            self.checkpoint_dir or Path(self.run_dir).parent / "checkpoints" / self.label
+        ).absolute()
         self.provider.script_dir = str(self.directory / "submit_scripts")
         Path(self.provider.script_dir).mkdir(exist_ok=True)
         # Our log lines go next to Parsl's, not to the terminal.
@@ -288,12 +312,25 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         with self._lock:
             self._count += 1
             task_id = f"t{self._count}"
-        directory = TaskDir.of(self.directory, task_id)
+        key = self._key_of(spec, func, args, kwargs) if spec else None
+        checkpoints = None if key is None else self.checkpoint_root / key
+        directory = TaskDir.of(self.directory, task_id, checkpoints)
         directory.path.mkdir(parents=True)
         future: Future = Future()
-        self._submissions[task_id] = _Submission(future, directory)
+        self._submissions[task_id] = _Submission(future, directory, key)
         task: ElasticTask | PlainTask
         if spec:
+            finished = _read_json(directory.outcome)
+            if finished is not None and finished.get("status") == "done":
+                # Done by an earlier run of this workflow: its outcome, without training again.
+                self.event_log.emit(
+                    "task_done",
+                    task=task_id,
+                    samples=finished.get("samples"),
+                    outcome=str(directory.outcome),
+                )
+                future.set_result(finished | {"resumed_samples": finished.get("samples")})
+                return future
             task = ElasticTask(
                 task_id,
                 work=int(spec["work"]),
@@ -310,6 +347,19 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             task = PlainTask(task_id)
         self._arrived(TaskSubmitted(task))
         return future
+
+    def _key_of(self, spec: dict[str, Any], func, args, kwargs) -> str:
+        """The task's stable key (its checkpoint directory under ``checkpoint_root``). A
+        second live task with the same key (the same trial twice) gets ``<key>.2``; a key is
+        free again once its task has settled (a Parsl retry continues where it failed)."""
+        key = task_key(spec, func, args, kwargs)
+        with self._lock:
+            n, unique = 1, key
+            while unique in self._keys:
+                n += 1
+                unique = f"{key}.{n}"
+            self._keys.add(unique)
+        return unique
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -457,11 +507,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 )
             elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
                 out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
-            elif r["event"] == "start" and r.get("stopped_at") and r.get("first_step_at"):
-                # From the later of the old fragment's stop and the new one's process start:
-                # time the task waited for nodes is not part of a rescale's cost.
-                began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
-                out.append(Rescaled(task_id, r["first_step_at"] - began))
+            elif r["event"] == "start":
+                out.append(FragmentStarted(task_id, int(r.get("samples") or 0)))
+                if r.get("stopped_at") and r.get("first_step_at"):
+                    # From the later of the old fragment's stop and the new one's process
+                    # start: time the task waited for nodes is not part of a rescale's cost.
+                    began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
+                    out.append(Rescaled(task_id, r["first_step_at"] - began))
         return out
 
     def _readiness(self) -> list[Event]:
@@ -487,10 +539,14 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 command.pilot, {"op": "signal", "key": command.key, "signal": command.signal}
             )
         elif isinstance(command, Resolve):
-            future = self._submissions[command.task].future
-            if not future.done():
-                future.set_result(command.value)
+            sub = self._submissions[command.task]
+            if sub.key is not None and command.value.get("status") == "done":
+                write_result(sub.directory.outcome, command.value)  # a rerun skips the task
+            self._settled(sub)
+            if not sub.future.done():
+                sub.future.set_result(command.value)
         elif isinstance(command, Fail):
+            self._settled(self._submissions[command.task])
             future = self._submissions[command.task].future
             error = command.error
             if command.generation is not None:
@@ -507,6 +563,10 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             write_result(directory.result(command.generation), {"status": "lost", "samples": 0})
         elif isinstance(command, Note):
             self.event_log.emit(command.event, **command.fields)
+
+    def _settled(self, sub: _Submission) -> None:
+        with self._lock:
+            self._keys.discard(sub.key)
 
     def _send(self, pilot: str, msg: dict) -> None:
         assert self.server is not None
@@ -634,6 +694,26 @@ def allocator_settings(value: AllocatorSettings | dict[str, Any] | None) -> Allo
         err = exc.errors()[0]
         where = ".".join(str(x) for x in ("allocator", *err["loc"]))
         raise SettingError(where, err["msg"].removeprefix("Value error, ")) from None
+
+
+def task_key(spec: dict[str, Any], func, args, kwargs) -> str:
+    """An elastic task's identity across runs: its ``name``, else a digest of what it trains
+    (code, options, work, the app's arguments, as Parsl's memoization serialises them); a
+    ``run-<uuid>`` when its arguments cannot be (it then starts afresh in every run)."""
+    if spec.get("name"):
+        name = str(spec["name"])
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}", name):
+            raise ValueError(f"task name {name!r}: use letters, digits and _ . = - (≤ 128)")
+        return name
+    from parsl.dataflow.memoization import id_for_memo
+
+    what = [_code_name(func), spec.get("task"), spec.get("options"), spec["work"], args, kwargs]
+    try:
+        digest = hashlib.sha256(id_for_memo(what)).hexdigest()[:20]
+    except ValueError:  # an argument Parsl cannot memoize
+        return f"run-{uuid.uuid4().hex[:20]}"
+    trains = spec.get("task") or _code_name(func)
+    return f"{trains.rpartition(':')[2][:40]}-{digest}"
 
 
 def _cause(event: Event) -> str | None:

@@ -27,6 +27,7 @@ __all__ = [
     "ProcessExited",
     "Progress",
     "Evaluated",
+    "FragmentStarted",
     "Rescaled",
     "FragmentReady",
     "Tick",
@@ -89,8 +90,10 @@ class TaskSubmitted:
 @dataclass(frozen=True)
 class ProcessExited:
     """A process the agent ran has exited with ``code``. ``result`` is what it left: a
-    fragment's ``result.json`` (a dict, or None if missing) as read when the exit was seen; a
-    plain app's ``(ok, value)`` outcome, or None when it left none (killed with its pilot)."""
+    fragment's ``result.json`` (a dict, or None if missing) as read when the exit was seen:
+    ``status`` ``done``, ``stopped`` or ``error`` (the task's own code raised: ``error`` has
+    the traceback); a plain app's ``(ok, value)`` outcome, or None when it left none (killed
+    with its pilot)."""
 
     pilot: str
     key: str
@@ -115,6 +118,14 @@ class Evaluated:
     task: str
     samples: int
     metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FragmentStarted:
+    """A fragment took its first step, resumed from a checkpoint at ``samples`` (0: none)."""
+
+    task: str
+    samples: int
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,7 @@ Event = (
     | ProcessExited
     | Progress
     | Evaluated
+    | FragmentStarted
     | Rescaled
     | FragmentReady
     | Tick
@@ -257,8 +269,9 @@ def parse_key(key: str) -> tuple[str, int | None, int | None]:
 class TaskDir:
     """``<run_dir>/<label>/tasks/<task>/``: everything one task writes, by name.
 
-    An elastic task keeps one ``progress.jsonl`` (every fragment appends) and one
-    ``checkpoints/`` directory; each fragment has ``fragment<N>/`` with its ``result.json``,
+    An elastic task keeps one ``progress.jsonl`` (every fragment appends) and one checkpoint
+    directory (``checkpoints/`` here, or the executor's ``checkpoint_dir/<task key>``, with
+    ``outcome.json`` once it is done); each fragment has ``fragment<N>/`` with its ``result.json``,
     its ``ready`` file (a warm successor), its ``rendezvous/`` (ranks of several pilots) and
     each launcher's ``group<g>.stdout``/``.stderr``. A plain app has ``app.in`` (the packed
     call), ``app.out`` (its outcome) and its output streams; an elastic task whose factory is
@@ -266,10 +279,13 @@ class TaskDir:
     """
 
     path: Path
+    #: The task's checkpoints: under ``path`` unless they live where a later run finds them
+    #: (the BackfillExecutor's ``checkpoint_dir``).
+    checkpoints_dir: Path | None = None
 
     @classmethod
-    def of(cls, executor_dir: Path, task: str) -> TaskDir:
-        return cls(Path(executor_dir) / "tasks" / task)
+    def of(cls, executor_dir: Path, task: str, checkpoints: Path | None = None) -> TaskDir:
+        return cls(Path(executor_dir) / "tasks" / task, checkpoints)
 
     @property
     def progress(self) -> Path:
@@ -277,7 +293,13 @@ class TaskDir:
 
     @property
     def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
+        return self.checkpoints_dir or self.path / "checkpoints"
+
+    @property
+    def outcome(self) -> Path:
+        """The final outcome of a task that ended done, beside its checkpoints: a later run
+        of the same workflow resolves the task from it instead of training again."""
+        return self.checkpoints / "outcome.json"
 
     def fragment(self, generation: int) -> Path:
         return self.path / f"fragment{generation}"

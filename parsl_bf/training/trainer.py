@@ -198,6 +198,8 @@ class TrainOutcome:
     metrics_history: list[dict[str, float]] = field(default_factory=list)
     #: Where ``save_model`` wrote the final model (rank 0, when done).
     model_path: str | None = None
+    #: The samples of the checkpoint this fragment started from (0: none).
+    loaded_samples: int = 0
 
 
 def rank_device(comm: MPI.Comm, want: str = "auto") -> torch.device:
@@ -330,6 +332,7 @@ class ElasticTrainer:
             samples, steps = int(state["samples"]), int(state["steps"])
             set_rng_state(state["rng"])
             stopped_at = state.get("stopped_at")
+        loaded_samples = samples
         loaded_at = time.time()
         self._check_same_model(params)
 
@@ -435,7 +438,16 @@ class ElasticTrainer:
             self.reports.emit(status, world=world, samples=samples, loss=loss_value)
         comm.Barrier()
         return TrainOutcome(
-            status, samples, steps, world, loss_value, path, metrics, list(history), model_path
+            status,
+            samples,
+            steps,
+            world,
+            loss_value,
+            path,
+            metrics,
+            list(history),
+            model_path,
+            loaded_samples,
         )
 
     def _evaluate(

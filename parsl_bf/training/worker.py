@@ -16,6 +16,7 @@ Exit codes: 0 done or stopped, 2 bad input (message on stderr).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -236,17 +237,34 @@ def main(argv: list[str] | None = None) -> int:
         # Raised on every rank alike (the checks are collective): a clean exit.
         if comm.rank == 0:
             print(f"parsl_bf.training.worker: error: {exc}", file=sys.stderr)
+            _error_result(args.result, f"{type(exc).__name__}: {exc}")
         return 2
-    except BaseException:
+    except BaseException as exc:
         # Anything else may have hit one rank only; the others would wait in a collective
-        # for ever. Abort the whole fragment: it resumes from its last checkpoint.
+        # for ever. Abort the whole fragment. An exception of the task's own code is its
+        # failure (the result says so, with the traceback); out of memory is the node's, and
+        # like a crash it resumes from the last checkpoint.
         traceback.print_exc()
         sys.stderr.flush()
+        if isinstance(exc, Exception) and not _out_of_memory(exc):
+            _error_result(args.result, traceback.format_exc())
         MPI.COMM_WORLD.Abort(1)
         raise
     if comm.rank == 0 and args.result:
         write_result(args.result, asdict(outcome))
     return 0
+
+
+def _error_result(path: str | None, error: str) -> None:
+    """The fragment's result when the task's own code failed: ``status`` ``error``."""
+    if path:
+        with contextlib.suppress(OSError):  # a full disk: the exit code still tells
+            write_result(Path(path), {"status": "error", "samples": 0, "error": error})
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    cuda_oom = getattr(getattr(sys.modules.get("torch"), "cuda", None), "OutOfMemoryError", None)
+    return isinstance(exc, MemoryError) or (cuda_oom is not None and isinstance(exc, cuda_oom))
 
 
 if __name__ == "__main__":

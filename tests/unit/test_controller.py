@@ -11,6 +11,7 @@ from parsl_bf.executor.controller import Controller, ElasticTask, PlainTask
 from parsl_bf.executor.lifecycle import (
     Fail,
     FragmentReady,
+    FragmentStarted,
     MarkLost,
     Note,
     PilotGone,
@@ -198,7 +199,8 @@ def test_a_predecessor_that_finishes_during_a_hand_over_completes_the_task() -> 
     (succ,) = _of(StartFragment, c.handle([_up("p2", "n3")], NOW))
     done = {"status": "done", "samples": 1000}
     out = c.handle(_exits(first, done), NOW + 1)
-    assert Resolve("a", done) in out
+    (resolve,) = _of(Resolve, out)
+    assert resolve.value["samples"] == 1000 and resolve.value["status"] == "done"
     # The successor finds the final checkpoint and ends done too: resolved once only.
     out = c.handle(_exits(succ, done), NOW + 2)
     assert not _of(Resolve, out)
@@ -226,14 +228,49 @@ def test_a_lost_pilot_is_not_a_failure_and_its_plain_tasks_run_again() -> None:
     assert Resolve("x", 42) in out and _of(StartFragment, out)
 
 
-def test_a_failed_rank_fails_the_task_once() -> None:
-    c = _controller()
+def test_a_crashed_rank_restarts_from_the_checkpoint_a_bounded_number_of_times() -> None:
+    c = _controller(max_restarts=2)
+    (start,) = c.handle([TaskSubmitted(_task("a", 1, 4, work=5000)), _up("p1", "n1")], NOW)
+    for attempt in (1, 2):
+        c.handle([Progress("a", 1, 100.0, 1000 * attempt + 400)], NOW + attempt)
+        # A rank SIGKILLed: mpiexec ends with the signal, no result. Not the task's fault.
+        out = c.handle(_exits(start, None, code=9), NOW + attempt)
+        assert not _of(Fail, out) and "fragment_failed" in _notes(out)
+        (start,) = _of(StartFragment, out)  # again at once, from the task's checkpoint
+        c.handle([FragmentStarted("a", 1000 * attempt)], NOW + attempt)  # resumed there
+    assert c.elastic["a"].restarts == 2 and c.elastic["a"].redone_samples == 800
+    out = c.handle(_exits(start, {"status": "done", "samples": 5000}), NOW + 5)
+    (resolve,) = _of(Resolve, out)
+    assert resolve.value["restarts"] == 2 and resolve.value["redone_samples"] == 800
+
+
+def test_crashes_beyond_max_restarts_fail_the_task_once() -> None:
+    c = _controller(max_restarts=1)
     (start,) = c.handle([TaskSubmitted(_task("a", 1, 4)), _up("p1", "n1")], NOW)
-    out = c.handle(_exits(start, None, code=1), NOW + 1)
+    (start,) = _of(StartFragment, c.handle(_exits(start, None, code=9), NOW + 1))
+    out = c.handle(_exits(start, None, code=9), NOW + 2)
     (fail,) = _of(Fail, out)
-    assert fail.task == "a" and fail.generation == 1 and "exit 1" in fail.error
+    assert fail.task == "a" and fail.generation == 2 and "after 1 restarts" in fail.error
     assert c.elastic["a"].state == "failed" and c.outstanding_nodes() == 0
-    assert not _of(StartFragment, c.handle([_up("p2", "n2")], NOW + 2))
+    assert not _of(StartFragment, c.handle([_up("p2", "n2")], NOW + 3))
+
+
+def test_an_exception_in_the_tasks_own_code_fails_at_once_with_its_traceback() -> None:
+    c = _controller(max_restarts=5)
+    (start,) = c.handle([TaskSubmitted(_task("a")), _up("p1", "n1")], NOW)
+    error = "Traceback (most recent call last):\n  ...\nZeroDivisionError: division by zero"
+    out = c.handle(_exits(start, {"status": "error", "samples": 0, "error": error}, 1), NOW + 1)
+    (fail,) = _of(Fail, out)
+    assert fail.error == error and c.elastic["a"].restarts == 0 and not _of(StartFragment, out)
+
+
+def test_a_rerun_reports_the_samples_it_resumed_from() -> None:
+    c = _controller()
+    (start,) = c.handle([TaskSubmitted(_task("a", work=3000)), _up("p1", "n1")], NOW)
+    c.handle([FragmentStarted("a", 2000)], NOW + 1)  # a checkpoint of an earlier run
+    out = c.handle(_exits(start, {"status": "done", "samples": 3000}), NOW + 2)
+    (resolve,) = _of(Resolve, out)
+    assert resolve.value["resumed_samples"] == 2000 and resolve.value["restarts"] == 0
 
 
 def test_a_group_that_ends_alone_stops_the_others_and_a_stuck_one_is_killed() -> None:

@@ -1,0 +1,153 @@
+"""Faults that are not preemptions lose at most one checkpoint interval: a rank killed under
+the BackfillExecutor restarts from its task's checkpoint, and a rerun of a workflow whose
+driver was killed continues every unfinished task from its checkpoint and skips finished
+ones. Real pilots, real ranks, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parsl_bf.executor.lifecycle import TaskDir
+from parsl_bf.training.reports import read_reports
+
+from ..waiting import until
+from .htex import ROOT
+
+pytestmark = pytest.mark.slow
+CHECKPOINT_EVERY, BATCH = 5, 64
+TASK = "parsl_bf.training.examples:digits_cnn"
+
+
+def _ranks(marker: str) -> list[int]:
+    """PIDs of training ranks whose command line mentions ``marker`` (a run's directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = b" ".join(argv).decode(errors="replace")
+        if (
+            "parsl_bf.training.worker" in text
+            and marker in text
+            and "mpiexec" not in argv[0].decode(errors="replace")
+        ):
+            found.append(int(proc.name))
+    return found
+
+
+def _checkpointed(progress: Path) -> int:
+    return max(
+        (r["samples"] for r in read_reports(progress) if r["event"] == "checkpoint"), default=0
+    )
+
+
+def test_a_killed_rank_restarts_from_the_checkpoint_without_a_parsl_retry(
+    tmp_path: Path, monkeypatch
+):
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import BackfillExecutor, elastic_app
+    from parsl_bf.providers import LocalBackfillProvider
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    # Nodes always idle: no preemption, so the only fault is the killed rank.
+    provider = LocalBackfillProvider(
+        nodes=1, time_scale=1, idle_s=10**6, busy_s=0, max_nodes=1, max_blocks=1,
+        max_walltime="01:00:00",
+    )  # fmt: skip
+    executor = BackfillExecutor(
+        label="bf", provider=provider, checkpoint_every=CHECKPOINT_EVERY, max_restarts=2,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    config = Config(
+        executors=[executor], strategy_period=1, retries=0, run_dir=str(tmp_path / "runinfo")
+    )
+    work = 400_000
+    train = elastic_app(TASK, work=work, max_nodes=1)
+    with parsl.load(config):
+        future = train(lr=0.05, width=8, global_batch=BATCH)
+        until(lambda: executor.controller.elastic, 60)
+        (task,) = executor.controller.elastic
+        progress = TaskDir.of(executor.directory, task).progress
+        until(lambda: any((tmp_path / "ckpt").glob("*/ckpt-*.pt")), 300, "no checkpoint")
+        (rank,) = _ranks(str(tmp_path))
+        os.kill(rank, signal.SIGKILL)
+        outcome = future.result(timeout=600)
+    assert outcome["status"] == "done" and outcome["samples"] == work
+    assert outcome["restarts"] == 1
+    assert 0 <= outcome["redone_samples"] <= CHECKPOINT_EVERY * BATCH + BATCH
+    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+    kinds = [e["event"] for e in events]
+    assert "task_failed" not in kinds
+    assert kinds.index("fragment_failed") < kinds.index("task_done")
+    # The restart resumed from the checkpoint, not from zero.
+    starts = [r for r in read_reports(progress) if r["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["samples"] > 0
+
+
+WORKFLOW = """\
+import json
+import sys
+import parsl
+from parsl.config import Config
+from parsl_bf.executor import BackfillExecutor, elastic_app
+from parsl_bf.providers import LocalBackfillProvider
+
+root, work = sys.argv[1], int(sys.argv[2])
+provider = LocalBackfillProvider(
+    nodes=1, time_scale=1, idle_s=10**6, busy_s=0, max_nodes=1, max_blocks=1,
+    max_walltime="01:00:00",
+)
+executor = BackfillExecutor(label="bf", provider=provider, checkpoint_every={every})
+config = Config(executors=[executor], strategy_period=1, run_dir=root + "/runinfo")
+train = elastic_app("{task}", work=work, max_nodes=1)
+with parsl.load(config):
+    outcome = train(lr=0.05, width=8, global_batch={batch}).result()
+print("OUTCOME", json.dumps(outcome), flush=True)
+"""
+
+
+def test_a_rerun_after_the_driver_is_killed_continues_and_skips_finished_work(tmp_path: Path):
+    script = tmp_path / "workflow.py"
+    script.write_text(WORKFLOW.format(every=CHECKPOINT_EVERY, task=TASK, batch=BATCH))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    work = 1_000_000  # more than orphans could train before they stop
+
+    def run(*, kill_after_checkpoint: bool) -> dict | None:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path), str(work)], cwd=tmp_path, env=env,
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        if not kill_after_checkpoint:
+            out, _ = proc.communicate(timeout=900)
+            assert proc.returncode == 0, out
+            (line,) = [x for x in out.splitlines() if x.startswith("OUTCOME ")]
+            return json.loads(line.removeprefix("OUTCOME "))
+        checkpoints = tmp_path / "runinfo" / "checkpoints" / "bf"
+        until(lambda: any(checkpoints.glob("*/ckpt-*.pt")), 300, "no checkpoint")
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: its pilots and ranks are orphans
+        proc.wait()
+        # Orphans of the dead driver stop by themselves and never go on training.
+        until(lambda: not _ranks(str(tmp_path)), 120, "ranks of the dead driver still train")
+        return None
+
+    run(kill_after_checkpoint=True)
+    resumed = run(kill_after_checkpoint=False)
+    assert resumed["status"] == "done" and resumed["samples"] == work
+    assert 0 < resumed["resumed_samples"] < work
+    again = run(kill_after_checkpoint=False)  # finished: resolved from its outcome
+    assert again["samples"] == work and again["resumed_samples"] == work
+    latest = sorted((tmp_path / "runinfo").glob("0*"))[-1]
+    events = [json.loads(x) for x in (latest / "bf" / "events.jsonl").open()]
+    assert not [e for e in events if e["event"] == "fragment_start"]
