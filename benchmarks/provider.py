@@ -34,10 +34,11 @@ Metrics, from ``squeue`` polled every second and Slurm's own time stamps (``scon
 * preemptions: pilots with a PreemptTime that are not requeued, plus requeues (Restarts).
 
 Needs root (the Slurm daemons). The cluster (``/tmp/bench-provider-slurm``, ports 18817 and
-28001-28008) is started here and stopped at the end, on errors and Ctrl-C too. Progress and
-every pilot's life go to stderr; stdout has the workload, each main job's start per run, the
-table, and one JSON line last. ``--quick``: a 2-minute workload (about 10 minutes in all;
-the default about 20; ``--runs ...,control`` adds the workload alone again: the noise floor).
+28001-28008) is the tests' (``tests.integration.slurm.loopback_cluster``), started here and
+stopped at the end, on errors and Ctrl-C too. Progress and every pilot's life go to stderr;
+stdout has the workload, each main job's start per run, the table, and one JSON line last.
+``--quick``: a 2-minute workload (about 10 minutes in all; the default about 20; ``--runs
+...,control`` adds the workload alone again: the noise floor).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from parsl_bf.providers.slurm.commands import epoch, parse_job  # noqa: E402
+sys.path.insert(0, str(ROOT))  # tests.integration.slurm, as `python benchmarks/provider.py`
+from parsl_bf.providers.slurm.commands import epoch  # noqa: E402
+from tests.integration import slurm  # noqa: E402
 
-SCRIPT = ROOT / "scripts" / "slurm-loopback.sh"
 CLUSTER_DIR = "/tmp/bench-provider-slurm"
 GRACE_S = 10
 PILOT_COMMAND = "sleep 100000"  # holds its nodes until preempted or its walltime ends
@@ -122,91 +122,6 @@ def make_workload(nodes: int, duration: float, seed: int, load: float = 0.8) -> 
     return [MainJob(i, round(s[0], 1), s[1], s[2], s[3], s[4]) for i, s in enumerate(spec)]
 
 
-# --- the cluster ---------------------------------------------------------------------------
-
-
-class Cluster:
-    """The loopback cluster of this benchmark and the Slurm commands run against it."""
-
-    def __init__(self, nodes: int) -> None:
-        self.nodes = nodes
-        self.env = {
-            **os.environ,
-            "SLURM_LOOPBACK_DIR": CLUSTER_DIR,
-            "CTLD_PORT": "18817",
-            "BASE_PORT": "28000",
-            "NNODES": str(nodes),
-            "GRACE_TIME": str(GRACE_S),
-            "PREEMPT_MODE": "REQUEUE",
-        }
-        self.env["SLURM_CONF"] = f"{CLUSTER_DIR}/etc/slurm.conf"
-        self._hostnames: dict[str, list[str]] = {}
-        self.started = False
-
-    def up(self) -> None:
-        self.started = True
-        subprocess.run([str(SCRIPT), "up"], env=self.env, check=True, timeout=900)
-        os.environ["SLURM_CONF"] = self.env["SLURM_CONF"]  # for the providers' commands
-
-    def down(self) -> None:
-        if self.started:
-            subprocess.run([str(SCRIPT), "down"], env=self.env, timeout=120)
-            self.started = False
-
-    def run(self, *args: str, check: bool = True) -> str:
-        proc = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)}: {proc.stderr.strip()}")
-        return proc.stdout
-
-    def hostnames(self, hostlist: str) -> list[str]:
-        if hostlist not in self._hostnames:
-            self._hostnames[hostlist] = self.run("scontrol", "show", "hostnames", hostlist).split()
-        return self._hostnames[hostlist]
-
-    def jobs(self) -> dict[str, dict[str, str]]:
-        """Every job the controller remembers (MinJobAge: 300 s after its end)."""
-        out = self.run("scontrol", "show", "job", "-o", check=False)
-        return {f["JobId"]: f for f in map(parse_job, out.splitlines()) if "JobId" in f}
-
-    def sbatch_main(self, job: MainJob) -> str:
-        return (
-            self.run(
-                "sbatch",
-                "--parsable",
-                "-p",
-                "main",
-                "-N",
-                str(job.nodes),
-                f"--time={job.request_min}",
-                f"--job-name=main.{job.index}",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                f"sleep {job.runtime_s}",
-            )
-            .split(";")[0]
-            .strip()
-        )
-
-    def idle_nodes(self) -> int:
-        out = self.run("sinfo", "-h", "-N", "-p", "main", "-o", "%N|%T")
-        return sum(1 for line in out.splitlines() if line.strip().endswith("|idle"))
-
-    def quiesce(self, timeout: float = 120) -> None:
-        """Cancel every job and wait until all nodes are idle and the queue is empty."""
-        self.run("scancel", "--full", "--user=root", check=False)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            queue = self.run("squeue", "-h", "-o", "%i", check=False).strip()
-            if not queue and self.idle_nodes() >= self.nodes:
-                time.sleep(3)  # a scheduler cycle with nothing to plan
-                return
-            self.run("scancel", "--full", "--user=root", check=False)
-            time.sleep(1)
-        raise RuntimeError("the cluster did not become idle")
-
-
 # --- recording a run -----------------------------------------------------------------------
 
 
@@ -233,9 +148,10 @@ class Recorder(threading.Thread):
     """Polls ``squeue`` every second (which nodes run main jobs, which pilots) and
     ``scontrol show job`` every other second (Slurm's time stamps, before MinJobAge)."""
 
-    def __init__(self, cluster: Cluster, t0: float, ignore: set[str]) -> None:
+    def __init__(self, env: dict[str, str], t0: float, ignore: set[str]) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.t0, self.ignore = cluster, t0, ignore
+        self.env, self.t0, self.ignore = env, t0, ignore
+        self.hosts: dict[str, list[str]] = {}  # Slurm host list → its nodes
         self.samples: list[Sample] = []
         self.records: dict[str, JobRecord] = {}
         self.stop = threading.Event()
@@ -244,7 +160,7 @@ class Recorder(threading.Thread):
 
     def poll_queue(self) -> None:
         now = time.time()
-        out = self.cluster.run("squeue", "-h", "-o", "%i|%P|%T|%N", check=False)
+        out = slurm.run(self.env, "squeue", "-h", "-o", "%i|%P|%T|%N", check=False)
         main: set[str] = set()
         pilot: set[str] = set()
         running = pending = 0
@@ -253,7 +169,9 @@ class Recorder(threading.Thread):
             if len(parts) != 4 or parts[0] in self.ignore:
                 continue
             _, partition, state, nodelist = parts
-            hosts = self.cluster.hostnames(nodelist) if nodelist else []
+            if nodelist not in self.hosts:
+                self.hosts[nodelist] = slurm.hostnames(self.env, nodelist) if nodelist else []
+            hosts = self.hosts[nodelist]
             if partition == "main":
                 if state in ("RUNNING", "COMPLETING", "CONFIGURING"):
                     main.update(hosts)
@@ -268,7 +186,7 @@ class Recorder(threading.Thread):
             )
 
     def poll_jobs(self) -> None:
-        jobs = self.cluster.jobs()
+        jobs = slurm.jobs(self.env)
         with self.lock:
             for job_id, fields in jobs.items():
                 if job_id in self.ignore:
@@ -302,9 +220,9 @@ class Recorder(threading.Thread):
 class Submitter(threading.Thread):
     """Submits the main jobs at their submit times."""
 
-    def __init__(self, cluster: Cluster, t0: float, workload: list[MainJob]) -> None:
+    def __init__(self, env: dict[str, str], t0: float, workload: list[MainJob]) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.t0, self.workload = cluster, t0, workload
+        self.env, self.t0, self.workload = env, t0, workload
         self.ids: dict[int, str] = {}
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -314,7 +232,14 @@ class Submitter(threading.Thread):
             for job in self.workload:
                 if self.stop.wait(max(0.0, self.t0 + job.submit_s - time.time())):
                     return
-                self.ids[job.index] = self.cluster.sbatch_main(job)
+                self.ids[job.index] = slurm.sbatch(
+                    self.env,
+                    "main",
+                    job.nodes,
+                    f"sleep {job.runtime_s}",
+                    f"--time={job.request_min}",
+                    f"--job-name=main.{job.index}",
+                )
         except BaseException as exc:
             self.error = exc
 
@@ -431,13 +356,14 @@ class RunResult:
     pilot_reasons: dict[str, int] = field(default_factory=dict)
 
 
-def run_once(kind: str, cluster: Cluster, workload: list[MainJob], args, work: Path) -> RunResult:
-    cluster.quiesce()
-    ignore = set(cluster.jobs())
+def run_once(kind: str, env: dict[str, str], workload: list[MainJob], args, work: Path):
+    """One run on a freshly idle cluster: the workload (and pilots), until its last job ends."""
+    slurm.quiesce(env, args.nodes, settle_s=3)
+    ignore = set(slurm.jobs(env))
     scaler = Scaler(make_provider(kind, work / kind), args.pilots) if kind in PILOTED else None
     t0 = time.time()
-    recorder = Recorder(cluster, t0, ignore)
-    submitter = Submitter(cluster, t0, workload)
+    recorder = Recorder(env, t0, ignore)
+    submitter = Submitter(env, t0, workload)
     recorder.start()
     submitter.start()
     log(f"[{kind}] started: {len(workload)} main jobs over {args.duration:.0f} s")
@@ -511,7 +437,7 @@ def run_once(kind: str, cluster: Cluster, workload: list[MainJob], args, work: P
         for pilot in getattr(scaler.provider, "pilots", {}).values():
             reason = pilot.reason or pilot.state.name.lower()
             result.pilot_reasons[reason] = result.pilot_reasons.get(reason, 0) + 1
-    cluster.quiesce()
+    slurm.quiesce(env, args.nodes, settle_s=3)
     log(f"[{kind}] done: last main job ended at t={result.end_s:.0f}s")
     if scaler is not None:
         log_pilots(kind, scaler, records, main_ids, t0)
@@ -651,15 +577,8 @@ def main() -> int:
         ap.error(f"--runs: some of {', '.join(CHOICES)}, each once")
     if args.nodes < 4:
         ap.error("--nodes: at least 4")
-    if os.geteuid() != 0:
-        print(
-            "error: this benchmark starts a loopback Slurm cluster, whose daemons run as root: "
-            "run it as root",
-            file=sys.stderr,
-        )
-        return 2
-    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
-        print("error: Slurm (slurmctld, slurmd, slurm-client) is not installed", file=sys.stderr)
+    if why := slurm.unavailable():
+        print(f"error: this benchmark starts a loopback Slurm cluster: {why}", file=sys.stderr)
         return 2
 
     workload = make_workload(args.nodes, args.duration, args.seed, args.load)
@@ -681,23 +600,21 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
-    cluster = Cluster(args.nodes)
     work = Path(tempfile.mkdtemp(prefix="bench-provider-"))
     results: dict[str, RunResult] = {}
+    ports = {"ctld_port": 18817, "base_port": 28000}  # apart from the tests' and `make slurm-up`
     try:
-        cluster.up()
-        os.chdir(work)  # the pilots' working directory
-        for kind in runs:
-            results[kind] = run_once(kind, cluster, workload, args, work)
+        with slurm.loopback_cluster(CLUSTER_DIR, args.nodes, grace_s=GRACE_S, **ports) as env:
+            os.environ["SLURM_CONF"] = env["SLURM_CONF"]  # for the providers' commands
+            os.chdir(work)  # the pilots' working directory
+            for kind in runs:
+                results[kind] = run_once(kind, env, workload, args, work)
     except KeyboardInterrupt:
-        log("interrupted: cancelling every job and stopping the cluster")
+        log("interrupted: every job cancelled and the cluster stopped")
         return 130
     finally:
         os.chdir(ROOT)
-        try:
-            cluster.down()
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
     nodes = [f"n{i}" for i in range(1, args.nodes + 1)]
     base = results.get("none")

@@ -1,0 +1,195 @@
+"""Figures of one executor run, read off its event log and its tasks' progress reports.
+
+The BackfillExecutor appends one JSON object a line to ``events.jsonl`` in its directory
+(:class:`~parsl_bf.executor.events.EventLog`): ``pilot_up`` and ``pilot_gone`` bound a pilot's
+life, ``fragment_start`` and ``fragment_stopped`` (or ``task_done``, ``task_failed``) a
+fragment's, until its processes have exited; ``fragment_stop`` says why a fragment was told to
+stop, and ``decision`` how long an event took to become a plan applied. Each task's rank 0
+writes ``tasks/<id>/progress.jsonl`` (:mod:`parsl_bf.training.reports`).
+
+:func:`run_figures` turns both, parsed, into the figures of a span [t0, t_end] of wall time:
+samples, allocated and held node-seconds, lost samples, preemptions, start-up and rescale
+costs, decision latencies. :func:`efficiency` is the accounting of ``docs/replay.md``
+("Accounting") on them, so that a real run and the replay of its window compare. Everything
+here is a pure function of the parsed lines but :func:`load_run`, which reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PREEMPTING", "RunFigures", "efficiency", "load_run", "percentile", "run_figures"]
+
+Event = Mapping[str, Any]
+
+#: ``fragment_stop`` reasons that are preemptions: the fragment's pilot ended or was taken back.
+PREEMPTING = frozenset({"walltime", "preempted", "pilot gone"})
+#: Events after which a fragment's processes have exited (its nodes are free again): one
+#: fragment's, and (the second) all of a task's.
+_FRAGMENT_ENDED = ("fragment_stopped", "fragment_failed", "fragment_lost")
+_TASK_ENDED = ("task_done", "task_failed")
+
+
+@dataclass
+class RunFigures:
+    """What one run did in [t0, t_end]; node-seconds are wall seconds."""
+
+    samples: int = 0  # Σ over tasks of the samples of the last report by t_end
+    per_task: dict[str, int] = field(default_factory=dict)  # task → those samples
+    alloc_node_s: float = 0.0  # tasks' nodes × (fragment start → its processes exited)
+    held_node_s: float = 0.0  # pilots' nodes × (pilot_up → pilot_gone)
+    fragments: int = 0  # fragment starts by t_end
+    pilots: int = 0  # pilots up by t_end
+    preemptions: int = 0  # fragments told to stop by t_end because their pilot left
+    #: Samples done twice: per ``start`` report after a task's first, the most samples reported
+    #: before it less (its samples − one global batch), if positive. A first step at an epoch's
+    #: end is shorter than a batch, so this may count up to a batch less one too many.
+    lost: int = 0
+    decisions: list[float] = field(default_factory=list)  # seconds, every decision event
+    startup_s: list[float] = field(default_factory=list)  # fragment_start → its first step
+    waited_s: list[float] = field(default_factory=list)  # predecessor's stop → first step
+    rates1: list[float] = field(default_factory=list)  # samples/s of 1-rank steps from t0
+
+
+def run_figures(
+    events: Iterable[Event],
+    reports: Mapping[str, Sequence[Event]],
+    t0: float,
+    t_end: float,
+    batch: int,
+) -> RunFigures:
+    """The figures of a run over [t0, t_end] from its ``events`` (in order) and each task's
+    progress ``reports`` (task → its reports, in order); ``batch``: the global batch size.
+
+    A fragment holds its nodes from its ``fragment_start`` until its processes have exited:
+    its ``fragment_stopped``, ``fragment_failed`` (restarted) or ``fragment_lost`` (that
+    generation's; in logs that name none, the task's oldest fragment), its task's
+    ``task_done`` or ``task_failed``, or the task's next cold start (a ``fragment_start`` with
+    no ``after``) at the latest. While a warm successor (``after``: its predecessor's
+    generation) and its predecessor both run, the task holds the larger of their node counts:
+    a task that grows or shrinks keeps its nodes (``parsl_bf.allocation.plan``), so one's
+    nodes contain the other's (a move to other nodes is undercounted while both run).
+    Intervals still open at t_end (a fragment running, a pilot up) count up to t_end; every
+    interval is clipped to [t0, t_end]. A decision counts whenever it happened.
+    """
+    res = RunFigures()
+    running: dict[str, dict[int, int]] = {}  # task → generation → nodes, of running fragments
+    changed: dict[str, float] = {}  # task → when its node count last changed
+    launched: dict[str, list[float]] = {}  # task → its fragment_start times
+    pilots: dict[str, tuple[float, int]] = {}  # pilot → (up, nodes)
+
+    def account(task: str, t: float) -> dict[int, int]:
+        """Adds the task's node-seconds up to ``t``; its running fragments."""
+        frags = running.setdefault(task, {})
+        held = max(frags.values(), default=0)
+        res.alloc_node_s += held * _overlap(changed.get(task, t), t, t0, t_end)
+        changed[task] = t
+        return frags
+
+    for e in events:
+        kind, t = e["event"], float(e["t"])
+        if kind == "fragment_start":
+            starts = launched.setdefault(e["task"], [])
+            after = e.get("after")
+            frags = {g: n for g, n in account(e["task"], t).items() if g == after}
+            frags[int(e.get("generation", len(starts)))] = int(e["nodes"])
+            running[e["task"]] = frags
+            starts.append(t)
+            res.fragments += t <= t_end
+        elif kind in _TASK_ENDED and e.get("task") in running:
+            account(e["task"], t).clear()
+        elif kind in _FRAGMENT_ENDED and running.get(e["task"]):
+            frags, gen = account(e["task"], t), e.get("generation")
+            del frags[gen if gen in frags else min(frags)]
+        elif kind == "pilot_up":
+            pilots[e["pilot"]] = (t, len(e["nodes"]))
+            res.pilots += t <= t_end
+        elif kind == "pilot_gone" and e["pilot"] in pilots:
+            start, n = pilots.pop(e["pilot"])
+            res.held_node_s += n * _overlap(start, t, t0, t_end)
+        elif kind == "fragment_stop" and e.get("reason") in PREEMPTING and t <= t_end:
+            res.preemptions += 1
+        elif kind == "decision":
+            res.decisions.append(float(e["seconds"]))
+    for task in running:
+        account(task, t_end)
+    res.held_node_s += sum(n * _overlap(s, t_end, t0, t_end) for s, n in pilots.values())
+    for task in sorted(reports):
+        done = _task(res, reports[task], launched.get(task, []), t0, t_end, batch)
+        res.per_task[task] = done
+        res.samples += done
+    return res
+
+
+def _task(
+    res: RunFigures,
+    reports: Sequence[Event],
+    launched: Sequence[float],
+    t0: float,
+    t_end: float,
+    batch: int,
+) -> int:
+    """Adds one task's lost samples and costs to ``res``; its samples by t_end."""
+    kept = [r for r in reports if r["t"] <= t_end and "samples" in r]
+    best = 0
+    for r in kept:
+        if r["event"] == "start":
+            if best:
+                res.lost += max(0, best - (r["samples"] - batch))
+            before = [t for t in launched if t <= r["first_step_at"]]
+            if before:
+                res.startup_s.append(r["first_step_at"] - before[-1])
+            if r.get("stopped_at"):
+                res.waited_s.append(r["first_step_at"] - r["stopped_at"])
+        best = max(best, r["samples"])
+        if r["event"] == "step" and r["world"] == 1 and r.get("rate") and r["t"] >= t0:
+            res.rates1.append(r["rate"])
+    return kept[-1]["samples"] if kept else 0
+
+
+def _overlap(a: float, b: float, lo: float, hi: float) -> float:
+    """Length of [a, b] ∩ [lo, hi]."""
+    return max(0.0, min(b, hi) - max(a, lo))
+
+
+def efficiency(
+    samples: float, p1: float, alloc_node_s: float, idle_node_s: float
+) -> dict[str, float]:
+    """``util`` = allocated ÷ idle node-seconds, ``E_used`` = samples / P(1) ÷ allocated
+    node-seconds (0 when nothing was allocated), ``E_avail`` = samples / P(1) ÷ idle
+    node-seconds: ``docs/replay.md`` ("Accounting"); ``p1``: one node's samples/s."""
+    norm = samples / p1
+    return {
+        "util": alloc_node_s / idle_node_s,
+        "E_used": norm / alloc_node_s if alloc_node_s else 0.0,
+        "E_avail": norm / idle_node_s,
+    }
+
+
+def percentile(xs: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``xs``, interpolated linearly between the closest
+    ranks (numpy's default); None for no values."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def load_run(directory: str | Path) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """An executor directory's events and each task's progress reports (task id → reports),
+    as :func:`run_figures` takes them; a partly written last line is left out."""
+    from ..training.reports import read_reports  # imported here: the package imports torch
+
+    directory = Path(directory)
+    events = read_reports(directory / "events.jsonl")
+    reports = {
+        p.parent.name: read_reports(p) for p in sorted(directory.glob("tasks/*/progress.jsonl"))
+    }
+    return events, reports
