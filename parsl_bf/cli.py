@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import config_reference
 from .allocation import AllocationInputError, AllocationProblem, SolverUnavailableError, allocate
+from .allocation.errors import json_line
+from .allocation.spec import MAX_EXACT_WORK
 from .commands import run as run_command
 from .commands import status as status_command
 from .replay import cli as replay_cli
@@ -19,16 +23,63 @@ __all__ = ["main"]
 EXIT_BAD_INPUT = 2
 
 
+#: The largest instance file ``solve`` reads, in bytes.
+MAX_INSTANCE_BYTES = 64 << 20
+#: The longest ``--time-limit``, in seconds (a day).
+MAX_TIME_LIMIT_S = 86400.0
+
+
 def _solve(args: argparse.Namespace) -> int:
     path = Path(args.instance)
+    limit = args.time_limit
+    if not (math.isfinite(limit) and 0 <= limit <= MAX_TIME_LIMIT_S):
+        raise AllocationInputError(
+            "--time-limit", f"expected 0 to {MAX_TIME_LIMIT_S:g} seconds, got {limit}"
+        )
     try:
-        data = json.loads(path.read_text())
+        with path.open("rb") as f:
+            raw = f.read(MAX_INSTANCE_BYTES + 1)
     except OSError as exc:
         raise AllocationInputError(str(path), exc.strerror or str(exc)) from None
+    if len(raw) > MAX_INSTANCE_BYTES:
+        raise AllocationInputError(
+            str(path), f"larger than {MAX_INSTANCE_BYTES} bytes: not an allocation instance"
+        )
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text)
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise AllocationInputError(f"{path}:{line}", "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
+        raise AllocationInputError(f"{path}:{exc.lineno}", f"not JSON: {exc.msg}") from None
+    except RecursionError:
+        raise AllocationInputError(str(path), "not JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise AllocationInputError(str(path), f"not JSON: {exc}") from None
-    problem = AllocationProblem.from_dict(data)
-    result = allocate(problem, solver=args.solver, time_limit=args.time_limit)
+
+    def located(exc: AllocationInputError) -> AllocationInputError:
+        field = exc.field
+        by_id = re.match(r"tasks\[([^\]]*)\](.*)$", field)  # the solvers name a task by its id
+        if by_id and isinstance(data, dict) and isinstance(data.get("tasks"), list):
+            ids = [str(t.get("id")) if isinstance(t, dict) else None for t in data["tasks"]]
+            if not by_id.group(1).isdigit() and by_id.group(1) in ids:
+                field = f"tasks[{ids.index(by_id.group(1))}]{by_id.group(2)}"
+        if not field:  # the instance as a whole
+            return AllocationInputError(str(path), exc.message)
+        return AllocationInputError(f"{path}:{json_line(text, field)} {field}", exc.message)
+
+    try:
+        problem = AllocationProblem.from_dict(data)
+        if args.solver == "exact" and problem.exact_work > MAX_EXACT_WORK:
+            raise AllocationInputError(
+                "",
+                f"too large for the exact program ({problem.exact_work:.2g} cell updates, the "
+                f"limit is {MAX_EXACT_WORK:.2g}): use --solver milp",
+            )
+        result = allocate(problem, solver=args.solver, time_limit=limit)
+    except AllocationInputError as exc:
+        raise located(exc) from None
     print(json.dumps(result.to_json_dict()))
     return 0
 

@@ -21,6 +21,22 @@ mistake is reported as ``file:line path: message`` (an unknown key, a wrong type
 class, an unset variable, a missing file, a value out of range), never as a traceback.
 A parameter annotated with a pydantic model (the BackfillExecutor's ``allocator``) takes a
 mapping of that model's fields, checked key by key on their own lines.
+
+A config file is input, not code: validating one runs no code it names beyond the config
+classes' own constructors.
+
+- ``type:`` is allowed only under the keys of :data:`KINDS`, and takes only a class of the
+  kind that key expects (``executors:`` a ``ParslExecutor``, ``provider:`` an
+  ``ExecutionProvider``, ``launcher:`` a ``Launcher``, ``monitoring:`` a ``MonitoringHub``,
+  ``retry_handler:`` our ``PreemptionRetries``, ...), checked with ``issubclass`` before the
+  class is called. Anything else (``type: subprocess:Popen``) is ``file:line path.type: ...``.
+- A dotted ``module:Class`` is imported only from the packages of :data:`CONFIG_PACKAGES`
+  (``parsl``, ``parsl_bf``) and those named in ``$PARSL_BF_CONFIG_MODULES`` (comma-separated
+  top-level packages, e.g. your site's providers): importing a module runs its code, so an
+  arbitrary one is refused before it is imported.
+- YAML anchors and aliases (``&a``/``*a``) are refused (an alias bomb expands exponentially),
+  as are tags other than YAML's core ones (``!!python/...``), nesting deeper than
+  :data:`MAX_DEPTH` and files larger than :data:`MAX_CONFIG_BYTES`.
 """
 
 from __future__ import annotations
@@ -38,7 +54,17 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from .providers.base import SettingError
 
-__all__ = ["ConfigError", "CONFIG_KEYS", "CLASS_MODULES", "load_config", "validate_config"]
+__all__ = [
+    "ConfigError",
+    "CONFIG_KEYS",
+    "CONFIG_PACKAGES",
+    "CLASS_MODULES",
+    "KINDS",
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "load_config",
+    "validate_config",
+]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Where short class names (``type: LocalBackfillProvider``) are looked up, in order.
@@ -67,6 +93,36 @@ CONFIG_KEYS = (
 )
 
 
+#: What ``type:`` may build under each key: the base classes (``module:Class``) a class there
+#: must derive from, checked before it is constructed. ``type:`` under any other key is refused.
+KINDS: dict[str, tuple[str, ...]] = {
+    "executors": ("parsl.executors.base:ParslExecutor",),
+    "provider": ("parsl.providers.base:ExecutionProvider",),
+    "launcher": ("parsl.launchers.base:Launcher",),
+    "monitoring": ("parsl.monitoring.monitoring:MonitoringHub",),
+    "remote_monitoring_radio": ("parsl.monitoring.radios.base:RadioConfig",),
+    "storage_access": ("parsl.data_provider.staging:Staging",),
+    "manager_selector": ("parsl.executors.high_throughput.manager_selector:ManagerSelector",),
+    "initialize_logging": ("parsl.logconfigs.base:LogConfig",),
+    # Parsl takes any callable here; a config file may name only our handlers.
+    "block_error_handler": ("parsl_bf.providers.handlers:BackfillErrorHandler",),
+    "retry_handler": ("parsl_bf.providers.handlers:PreemptionRetries",),
+}
+#: Top-level packages a dotted ``type: package.module:Class`` may import from; more are named
+#: in the environment variable :data:`CONFIG_MODULES_VAR`.
+CONFIG_PACKAGES = ("parsl", "parsl_bf")
+CONFIG_MODULES_VAR = "PARSL_BF_CONFIG_MODULES"
+#: The largest config file read, in bytes.
+MAX_CONFIG_BYTES = 1 << 20
+#: The deepest nesting of mappings and lists in a config file.
+MAX_DEPTH = 32
+_CORE_TAGS = frozenset(
+    f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")
+) | {"tag:yaml.org,2002:timestamp"}
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_ATTR = re.compile(r"^[A-Za-z_]\w*$")
+
+
 class ConfigError(ValueError):
     """A config mistake, located as ``file:line path: message``."""
 
@@ -77,8 +133,10 @@ class _Located:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lines: dict[tuple, int] = {}
+        text = self._read()
         try:
-            node = yaml.compose(path.read_text())
+            self._check_events(text)
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 1 if mark else 1
@@ -87,6 +145,46 @@ class _Located:
         if node is None:
             raise ConfigError(f"{path}:1: the file is empty")
         self.data = self._convert(node, ())
+
+    def _read(self) -> str:
+        try:
+            with self.path.open("rb") as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: {exc.strerror or exc}") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{self.path}: larger than {MAX_CONFIG_BYTES} bytes: not a config")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"{self.path}:{line}: not UTF-8 text") from None
+
+    def _check_events(self, text: str) -> None:
+        """Refuse anchors, aliases, foreign tags and deep nesting before composing a node."""
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = event.start_mark.line + 1
+            if isinstance(event, yaml.AliasEvent):
+                raise ConfigError(
+                    f"{self.path}:{line}: YAML aliases (*{event.anchor}) are not allowed in a "
+                    "config file: write the value out"
+                )
+            if getattr(event, "anchor", None) is not None:
+                raise ConfigError(
+                    f"{self.path}:{line}: YAML anchors (&{event.anchor}) are not allowed in a "
+                    "config file: write the value out"
+                )
+            tag = getattr(event, "tag", None)  # None: implicit; "!": non-specific
+            if tag not in (None, "!") and tag not in _CORE_TAGS:
+                shown = tag.replace("tag:yaml.org,2002:", "!!")
+                raise ConfigError(f"{self.path}:{line}: YAML tag {shown} is not allowed")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise ConfigError(f"{self.path}:{line}: nested more than {MAX_DEPTH} deep")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
 
     def _convert(self, node: yaml.Node, at: tuple) -> Any:
         # A mapping's key keeps its own line (its value, a nested mapping, starts below it).
@@ -118,18 +216,64 @@ class _Located:
         )
 
 
-def _resolve(name: str) -> type:
+class _Refused(LookupError):
+    """A ``type:`` that names something a config may not build (the message says why)."""
+
+
+def _packages() -> tuple[str, ...]:
+    extra = os.environ.get(CONFIG_MODULES_VAR, "").split(",")
+    return (*CONFIG_PACKAGES, *(m.strip() for m in extra if m.strip()))
+
+
+def _kind(key: str) -> tuple[type, ...]:
+    """The base classes of ``KINDS[key]`` that the installed Parsl has."""
+    bases = []
+    for spec in KINDS[key]:
+        module, _, attr = spec.partition(":")
+        try:
+            base = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            continue
+        if inspect.isclass(base):
+            bases.append(base)
+    return tuple(bases)
+
+
+def _resolve(name: str, key: str | None = None) -> type:
+    """The class ``name`` (a short name or ``package.module:Class``), refused unless it is of
+    the kind ``KINDS[key]`` when ``key`` is given. LookupError for an unknown name; its subclass
+    _Refused, with the reason, for a name that may not be built. Nothing is constructed."""
     if ":" in name:
         module, _, attr = name.partition(":")
-        return getattr(importlib.import_module(module), attr)
-    for module in CLASS_MODULES:
+        if not (_MODULE.match(module) and _ATTR.match(attr)):
+            raise LookupError(name)
+        packages = _packages()
+        if module.partition(".")[0] not in packages:  # refused before it is imported
+            raise _Refused(
+                f"{name!r}: module {module!r} is not in a config package ({', '.join(packages)}; "
+                f"name more in ${CONFIG_MODULES_VAR})"
+            )
         try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if inspect.isclass(found):
-            return found
-    raise LookupError(name)
+            found = getattr(importlib.import_module(module), attr, None)
+        except Exception:  # ImportError, or the module's own failure: it is not there
+            found = None
+    else:
+        found = None
+        for module in CLASS_MODULES if _ATTR.match(name) else ():
+            try:
+                found = getattr(importlib.import_module(module), name, None)
+            except ImportError:
+                continue
+            if inspect.isclass(found):
+                break
+    if not inspect.isclass(found):
+        raise LookupError(name)
+    if key is not None:
+        bases = _kind(key)
+        if not (bases and issubclass(found, bases)):
+            wanted = " or ".join(b.__name__ for b in bases) or KINDS[key][0]
+            raise _Refused(f"{name!r} is not a subclass of {wanted}, which {key}: takes")
+    return found
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -215,10 +359,20 @@ def _build(doc: _Located, value: Any, at: tuple) -> Any:
         return [_build(doc, v, (*at, i)) for i, v in enumerate(value)]
     if not isinstance(value, dict) or "type" not in value:
         return value
+    key = next((p for p in reversed(at) if isinstance(p, str)), None)
+    if key not in KINDS:
+        under = f"not under {key}:" if key else "not at the top level"
+        raise doc.error(
+            (*at, "type"), f"'type:' makes an object only under {', '.join(KINDS)}; {under}"
+        )
+    if not isinstance(value["type"], str):
+        raise doc.error((*at, "type"), f"expected a class name, got {value['type']!r}")
     kwargs = {k: v for k, v in value.items() if k != "type"}
     try:
-        cls = _resolve(str(value["type"]))
-    except (LookupError, ImportError, AttributeError):
+        cls = _resolve(value["type"], key)
+    except _Refused as exc:
+        raise doc.error((*at, "type"), str(exc)) from None
+    except LookupError:
         raise doc.error((*at, "type"), f"unknown class {value['type']!r}") from None
     params = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())

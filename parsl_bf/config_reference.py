@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .allocation import AllocatorSettings
-from .config import CLASS_MODULES, CONFIG_KEYS
+from .config import CLASS_MODULES, CONFIG_KEYS, CONFIG_PACKAGES, KINDS, MAX_DEPTH
 
 __all__ = [
     "CLASSES",
@@ -344,7 +344,18 @@ def render() -> str:
         "being the constructor's arguments (objects nest: an executor's `provider:`, a "
         "provider's `launcher:`). A short `type:` name is looked up in "
         + ", ".join(f"`{m}`" for m in CLASS_MODULES)
-        + ", in that order; `package.module:Class` names any other class.",
+        + ", in that order; `package.module:Class` names a class in "
+        + ", ".join(f"`{m}`" for m in CONFIG_PACKAGES)
+        + " or a package listed in `$PARSL_BF_CONFIG_MODULES` (comma-separated; any other "
+        "module is refused before it is imported).",
+        "- **Kinds**: `type:` is allowed only under these keys, and the class must be of the kind "
+        "the key takes (checked before it is constructed): "
+        + "; ".join(
+            f"`{key}:` " + " or ".join(f"`{base.rpartition(':')[2]}`" for base in bases)
+            for key, bases in KINDS.items()
+        )
+        + ". A config file runs no other code: YAML anchors and aliases, tags such as "
+        "`!!python/object` and nesting deeper than " + str(MAX_DEPTH) + " are refused.",
         "- **Keys and values** are checked against the constructor: an unknown key is an error "
         "(the message lists the allowed ones), and a value must fit the parameter's annotation "
         "(checked with pydantic; a class whose annotations cannot be checked does its own "

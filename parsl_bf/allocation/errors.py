@@ -2,13 +2,56 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from pydantic import ValidationError
 
-__all__ = ["AllocationError", "AllocationInputError", "SolverUnavailableError", "PlanError"]
+__all__ = [
+    "AllocationError",
+    "AllocationInputError",
+    "SolverUnavailableError",
+    "PlanError",
+    "json_line",
+]
 
 _FIELD_IN_MESSAGE = re.compile(r"^(?:Value error, )?(?:(\w+): )?(.*)$", re.S)
+_WS = re.compile(r"[ \t\n\r]*")
+_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def json_line(text: str, field: str) -> int:
+    """The line of ``field`` (``tasks[2].min_nodes``) in the JSON ``text``: of its value, or
+    of the deepest part of the path that is there (the line of the first value on failure)."""
+    decoder = json.JSONDecoder()
+    pos = found = _WS.match(text).end()
+    try:
+        for index, key in _PART.findall(field):
+            part: str | int = int(index) if index else key
+            at, i, k = None, _WS.match(text, pos + 1).end(), 0
+            if text[pos] == "{" and isinstance(part, str):
+                while text[i] == '"':
+                    name, i = json.decoder.scanstring(text, i + 1)
+                    i = _WS.match(text, _WS.match(text, i).end() + 1).end()  # past ':'
+                    if name == part:
+                        at = i
+                        break
+                    i = _WS.match(text, decoder.raw_decode(text, i)[1]).end()
+                    i = _WS.match(text, i + 1).end() if text[i] == "," else i
+            elif text[pos] == "[" and isinstance(part, int):
+                while text[i] != "]":
+                    if k == part:
+                        at = i
+                        break
+                    i = _WS.match(text, decoder.raw_decode(text, i)[1]).end()
+                    i = _WS.match(text, i + 1).end() if text[i] == "," else i
+                    k += 1
+            if at is None:
+                break
+            pos = found = at
+    except (IndexError, ValueError, RecursionError):  # through something else: the last found
+        pass
+    return text.count("\n", 0, found) + 1
 
 
 class AllocationError(Exception):

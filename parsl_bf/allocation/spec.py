@@ -2,7 +2,11 @@
 
 A :class:`TaskSpec` describes one elastic training task as the allocator sees it at one event;
 an :class:`AllocationProblem` is one event's decision: the tasks, the free nodes and the
-objective. Both are immutable and validated on construction, so every solver can trust them.
+objective. Both are immutable and validated on construction, so every solver can trust them:
+every number is finite, and sizes are bounded (:data:`MAX_NODES`, :data:`MAX_TASKS`,
+:data:`MAX_COUNTS`, ...) generously for real machines (Theta's 4,734 nodes, decisions over
+hundreds of tasks) but so that no input, however small its file, makes the solvers' tables
+outgrow memory or the objective overflow.
 """
 
 from __future__ import annotations
@@ -16,7 +20,41 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import AllocationInputError
 
-__all__ = ["Objective", "TaskSpec", "AllocationProblem", "Allocation", "SolveStatus"]
+__all__ = [
+    "MAX_COUNTS",
+    "MAX_EXACT_WORK",
+    "MAX_NODES",
+    "MAX_RATE",
+    "MAX_SECONDS",
+    "MAX_TASKS",
+    "MAX_WEIGHT",
+    "MAX_WORK",
+    "Objective",
+    "TaskSpec",
+    "AllocationProblem",
+    "Allocation",
+    "SolveStatus",
+]
+
+#: The most nodes any count may be: a task's min/max/current nodes, a curve's breakpoints, the
+#: free nodes and the capacity (free plus held).
+MAX_NODES = 100_000
+#: The most tasks in one problem.
+MAX_TASKS = 10_000
+#: The most node counts the tasks' domains {0} ∪ [min, min(max, capacity)] hold together: the
+#: rows of the gain tables every solver builds (a few hundred MB at this limit).
+MAX_COUNTS = 5_000_000
+#: The most cell updates (counts × capacity) the exact program may be asked for by
+#: ``parsl-bf solve --solver exact`` (some ten seconds; the MILP takes larger instances).
+MAX_EXACT_WORK = 5 * 10**10
+#: The longest look-ahead (``tfwd``) and rescale cost, in seconds (ten years).
+MAX_SECONDS = 10 * 365 * 86400
+#: The highest throughput or objective-curve value (samples/s).
+MAX_RATE = 1e12
+#: The most samples of remaining work.
+MAX_WORK = 1e18
+#: The largest priority weight.
+MAX_WEIGHT = 1e6
 
 
 class Objective(StrEnum):
@@ -41,7 +79,8 @@ class SolveStatus(StrEnum):
     FALLBACK = "fallback"  # GLPK had nothing at the time limit: exact program's plan
 
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid", strict=False)
+# allow_inf_nan: NaN passes every ge/le bound (it fails no comparison), inf passes ge=0.
+_FROZEN = ConfigDict(frozen=True, extra="forbid", strict=False, allow_inf_nan=False)
 
 
 class TaskSpec(BaseModel):
@@ -55,17 +94,23 @@ class TaskSpec(BaseModel):
 
     model_config = _FROZEN
 
-    id: str = Field(min_length=1)
-    min_nodes: int = Field(ge=1, description="fewest nodes the task can run on")
-    max_nodes: int = Field(ge=1, description="most nodes the task can use")
-    current_nodes: int = Field(0, ge=0, description="nodes the task holds now")
+    id: str = Field(min_length=1, max_length=1000)
+    min_nodes: int = Field(ge=1, le=MAX_NODES, description="fewest nodes the task can run on")
+    max_nodes: int = Field(ge=1, le=MAX_NODES, description="most nodes the task can use")
+    current_nodes: int = Field(0, ge=0, le=MAX_NODES, description="nodes the task holds now")
     nodes: tuple[int, ...] = Field(description="breakpoints of the scaling curve, from 0")
     throughput: tuple[float, ...] = Field(description="samples/s at each breakpoint")
     value: tuple[float, ...] | None = Field(None, description="objective curve, optional")
-    rescale_up_s: float = Field(0.0, ge=0, description="seconds of progress lost to a grow")
-    rescale_down_s: float = Field(0.0, ge=0, description="seconds of progress lost to a shrink")
-    weight: float = Field(1.0, ge=0, description="priority for the `weighted` objective")
-    remaining_work: float | None = Field(None, ge=0, description="samples left to do")
+    rescale_up_s: float = Field(
+        0.0, ge=0, le=MAX_SECONDS, description="seconds of progress lost to a grow"
+    )
+    rescale_down_s: float = Field(
+        0.0, ge=0, le=MAX_SECONDS, description="seconds of progress lost to a shrink"
+    )
+    weight: float = Field(
+        1.0, ge=0, le=MAX_WEIGHT, description="priority for the `weighted` objective"
+    )
+    remaining_work: float | None = Field(None, ge=0, le=MAX_WORK, description="samples left to do")
 
     @field_validator("id", mode="before")
     @classmethod
@@ -81,13 +126,15 @@ class TaskSpec(BaseModel):
             raise ValueError("the curve must start at 0 nodes")
         if any(b <= a for a, b in zip(v, v[1:], strict=False)):
             raise ValueError("node counts must be strictly increasing")
+        if v[-1] > MAX_NODES:
+            raise ValueError(f"breakpoint {v[-1]} is more than the limit of {MAX_NODES} nodes")
         return v
 
     @field_validator("throughput", "value")
     @classmethod
     def _curve_ok(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if v is not None and any(not (x >= 0) or x == float("inf") for x in v):
-            raise ValueError("must be finite and non-negative")
+        if v is not None and any(not (0 <= x <= MAX_RATE) for x in v):
+            raise ValueError(f"must be finite, non-negative and at most {MAX_RATE:g}")
         return v
 
     @model_validator(mode="after")
@@ -132,9 +179,9 @@ class AllocationProblem(BaseModel):
 
     model_config = _FROZEN
 
-    tasks: tuple[TaskSpec, ...]
-    free_nodes: int = Field(ge=0)
-    tfwd: float = Field(10.0, gt=0)
+    tasks: tuple[TaskSpec, ...] = Field(max_length=MAX_TASKS)
+    free_nodes: int = Field(ge=0, le=MAX_NODES)
+    tfwd: float = Field(10.0, gt=0, le=MAX_SECONDS)
     objective: Objective = Objective.THROUGHPUT
     cap_at_remaining_work: bool = Field(
         False, description="count no gain beyond each task's remaining work (any objective)"
@@ -153,6 +200,23 @@ class AllocationProblem(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _bounded(self) -> AllocationProblem:
+        if self.capacity > MAX_NODES:
+            raise _field_error(
+                "free_nodes",
+                f"free nodes plus the tasks' current nodes make {self.capacity}, more than the "
+                f"limit of {MAX_NODES}",
+            )
+        counts = self.domain_size
+        if counts > MAX_COUNTS:
+            raise _field_error(
+                "tasks",
+                f"the tasks' node ranges hold {counts} counts together, more than the limit of "
+                f"{MAX_COUNTS}",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _work_known(self) -> AllocationProblem:
         if self.objective is Objective.BALANCED:
             for i, t in enumerate(self.tasks):
@@ -166,6 +230,18 @@ class AllocationProblem(BaseModel):
     def capacity(self) -> int:
         """Nodes the tasks may share: the free ones plus the ones they hold."""
         return self.free_nodes + sum(t.current_nodes for t in self.tasks)
+
+    @cached_property
+    def domain_size(self) -> int:
+        """Node counts the tasks may be given, all together: the rows of the gain tables."""
+        cap = self.capacity
+        return sum(1 + max(0, min(t.max_nodes, cap) - t.min_nodes + 1) for t in self.tasks)
+
+    @property
+    def exact_work(self) -> int:
+        """Cell updates of the exact program: counts × the capacity it can fill."""
+        fill = min(self.capacity, sum(min(t.max_nodes, self.capacity) for t in self.tasks))
+        return self.domain_size * (fill + 1)
 
     @property
     def caps_remaining_work(self) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..allocation import AllocatorSettings, Objective
+from ..allocation.spec import MAX_NODES, MAX_SECONDS, MAX_TASKS
 from .errors import ReplayInputError
 from .jobsets import default_data_dir, load_job_set
 from .policies import POLICIES
@@ -26,11 +27,29 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> int:
-    """Seconds from ``3600``, ``90m``, ``48h`` or ``2d``."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    """Seconds from ``3600``, ``90m``, ``48h`` or ``2d`` (at most ``MAX_SECONDS``)."""
+    m = re.fullmatch(r"\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhd]?)\s*", text)
     if not m:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 3600, 90m, 48h)")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    seconds = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if seconds > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than {MAX_SECONDS} s (ten years)")
+    return seconds
+
+
+def _flag_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numeric flags, if anything."""
+    bounds = [
+        ("--swf-nodes", args.swf_nodes, 1, MAX_NODES),
+        ("--procs-per-node", args.procs_per_node, 1, 10**6),
+        ("--max-jobs", args.max_jobs, 1, MAX_TASKS),
+        ("--nodes", args.nodes, 1, MAX_NODES),
+        ("--node-offset", args.node_offset, 0, MAX_NODES),
+    ]
+    for flag, value, low, high in bounds:
+        if value is not None and not low <= value <= high:
+            return f"{flag}: expected {low} to {high}, got {value}"
+    return None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -123,6 +142,9 @@ def _progress(end_s: int, start_s: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    if message := _flag_error(args):
+        print(f"parsl-bf replay: error: {message}", file=sys.stderr)
+        return 2
     try:
         if args.swf:
             trace, stats = load_swf(args.swf, args.swf_nodes, args.procs_per_node)
@@ -169,7 +191,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if policy.tfwd == "auto":
-        tfwd = trace.suggest_tfwd(args.start, end)
+        try:
+            tfwd = trace.suggest_tfwd(args.start, end)
+        except ValueError as exc:  # no hole closes in the window
+            where = args.swf or args.trace or default_data_dir() / "trace"
+            print(f"parsl-bf replay: error: {where}: {exc} (--tfwd)", file=sys.stderr)
+            return 2
         print(f"T_fwd = {tfwd:.0f} s (median hole length of the replayed nodes)", file=sys.stderr)
     else:
         tfwd = policy.lookahead()

@@ -8,7 +8,11 @@ Assumptions, since SWF records jobs, not nodes:
   ``MaxProcs / procs_per_node``) unless given;
 - jobs with an unknown start or run time (-1) or no processors are skipped and counted; a job
   that does not fit (the log over-commits the machine) gets the nodes that are free, counted too.
-Times are seconds from the log's first submission.
+Times are seconds from the log's first submission. The log is untrusted input: times must be
+finite and within :data:`~parsl_bf.replay.errors.MAX_SECONDS`, the machine at most
+:data:`~parsl_bf.replay.errors.MAX_NODES` nodes, the jobs and the node state changes they
+imply at most :data:`~parsl_bf.replay.errors.MAX_JOBS` and
+:data:`~parsl_bf.replay.errors.MAX_EVENTS`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ReplayInputError
+from .errors import (
+    MAX_EVENTS,
+    MAX_JOBS,
+    MAX_NODES,
+    MAX_SECONDS,
+    ReplayInputError,
+    integer,
+    number,
+    text_lines,
+)
 from .trace import IdleTrace
 
 __all__ = ["SwfStats", "load_swf"]
@@ -41,39 +54,49 @@ def load_swf(
 ) -> tuple[IdleTrace, SwfStats]:
     """The idle-node trace implied by an SWF log; see the module docstring."""
     path = Path(path)
-    header: dict[str, str] = {}
+    if procs_per_node < 1:
+        raise ReplayInputError(path, f"{procs_per_node} processors per node: at least 1")
+    header: dict[str, tuple[str, int]] = {}  # key: (value, line)
     spans: list[tuple[int, int, int]] = []  # start, end, nodes
     skipped = 0
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith(";"):
-                if m := _HEADER.match(line):
-                    header[m.group(1)] = m.group(2)
-                continue
-            fields = line.split()
-            if len(fields) < 8:
-                raise ReplayInputError(path, f"{len(fields)} fields, SWF has 18", line_no)
-            try:
-                submit, wait, run, alloc = (float(x) for x in fields[1:5])
-                requested = float(fields[7])
-            except ValueError:
-                raise ReplayInputError(path, "not a number", line_no, "fields 2-5") from None
-            procs = alloc if alloc > 0 else requested
-            if wait < 0 or run < 0 or procs <= 0 or submit < 0:
-                skipped += 1
-                continue
-            start = int(submit + wait)
-            spans.append((start, start + int(run), math.ceil(procs / procs_per_node)))
+    for line_no, line in enumerate(text_lines(path), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith(";"):
+            if m := _HEADER.match(line):
+                header[m.group(1)] = (m.group(2), line_no)
+            continue
+        fields = line.split()
+        if len(fields) < 8:
+            raise ReplayInputError(path, f"{len(fields)} fields, SWF has 18", line_no)
+        if len(spans) + skipped >= MAX_JOBS:
+            raise ReplayInputError(path, f"more than {MAX_JOBS} jobs", line_no)
+        try:
+            # -1 is SWF's "unknown"; anything else must be a time within bounds.
+            submit, wait, run = (number(x, -1, MAX_SECONDS) for x in fields[1:4])
+            alloc, requested = (number(x, -1, 1e12) for x in (fields[4], fields[7]))
+        except ValueError as exc:
+            raise ReplayInputError(path, str(exc), line_no, "fields 2-5, 8") from None
+        procs = alloc if alloc > 0 else requested
+        if wait < 0 or run < 0 or procs <= 0 or submit < 0:
+            skipped += 1
+            continue
+        start = int(submit + wait)
+        spans.append((start, start + int(run), math.ceil(procs / procs_per_node)))
     if n_nodes is None:
-        if "MaxNodes" in header:
-            n_nodes = int(header["MaxNodes"])
-        elif "MaxProcs" in header:
-            n_nodes = int(header["MaxProcs"]) // procs_per_node
+        for key, per in (("MaxNodes", 1), ("MaxProcs", procs_per_node)):
+            if key in header:
+                value, line_no = header[key]
+                try:
+                    n_nodes = integer(value, 1, MAX_NODES * per) // per
+                except ValueError as exc:
+                    raise ReplayInputError(path, str(exc), line_no, key) from None
+                break
         else:
             raise ReplayInputError(path, "no MaxNodes/MaxProcs header: give the node count")
+    if not 1 <= n_nodes <= MAX_NODES:
+        raise ReplayInputError(path, f"{n_nodes} nodes: must be 1 to {MAX_NODES}")
     if not spans:
         raise ReplayInputError(path, "no usable jobs")
     origin = min(s for s, _, _ in spans)
@@ -84,6 +107,8 @@ def load_swf(
     idle_list: list[bool] = []
 
     def emit(t: int, nodes: list[int], idle: bool) -> None:
+        if len(t_list) + len(nodes) > MAX_EVENTS:
+            raise ReplayInputError(path, f"implies more than {MAX_EVENTS} node state changes")
         t_list.extend([t - origin] * len(nodes))
         node_list.extend(nodes)
         idle_list.extend([idle] * len(nodes))

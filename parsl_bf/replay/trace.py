@@ -3,21 +3,31 @@
 Reads the bftrainer-dev format (``trace/events.csv.gz`` + ``trace/nodes.csv`` + ``meta.json``,
 documented in the data's README): the state of every node at t = 0, then state changes. A node
 subset is taken by column order (``col_index``), as the original replayer's ``-nN``/``-nis``
-options do.
+options do. The files are checked as untrusted input (see :mod:`parsl_bf.replay.errors`): node
+names and column indices unique, times whole seconds within bounds, ``meta.json``'s ``end_s``
+not before the last event.
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .errors import ReplayInputError
+from .errors import (
+    MAX_EVENTS,
+    MAX_NODES,
+    MAX_SECONDS,
+    ReplayInputError,
+    csv_errors,
+    integer,
+    json_error,
+    read_json,
+    text_lines,
+)
 
 __all__ = ["IdleTrace", "load_trace"]
 
@@ -91,38 +101,95 @@ def _columns(path: Path, reader: csv.DictReader, needed: tuple[str, ...]) -> Non
         raise ReplayInputError(path, f"missing column(s) {', '.join(missing)}", line=1)
 
 
+def _node_order(nodes_csv: Path) -> list[str]:
+    """The node names of ``nodes.csv`` by ``col_index``: unique names, unique indices."""
+    reader = csv.DictReader(text_lines(nodes_csv))
+    names: dict[str, int] = {}  # name: line
+    columns: dict[int, int] = {}  # col_index: line
+    order: list[tuple[int, str]] = []
+    with csv_errors(nodes_csv, reader):
+        _columns(nodes_csv, reader, ("node", "col_index"))
+        for row in reader:
+            line = reader.line_num
+            name, col = row["node"], row["col_index"]
+            if not name:
+                raise ReplayInputError(nodes_csv, "missing", line, "node")
+            if name in names:
+                raise ReplayInputError(
+                    nodes_csv, f"duplicate node {name!r} (also line {names[name]})", line, "node"
+                )
+            try:
+                index = integer(col, 0, 10**9)
+            except ValueError as exc:
+                raise ReplayInputError(nodes_csv, str(exc), line, "col_index") from None
+            if index in columns:
+                raise ReplayInputError(
+                    nodes_csv,
+                    f"duplicate col_index {index} (also line {columns[index]})",
+                    line,
+                    "col_index",
+                )
+            if len(order) >= MAX_NODES:
+                raise ReplayInputError(nodes_csv, f"more than {MAX_NODES} nodes", line)
+            names[name], columns[index] = line, line
+            order.append((index, name))
+    return [name for _, name in sorted(order)]
+
+
+def _end_s(meta: Path, last_t: int) -> int:
+    """``end_s`` of ``meta.json``: whole seconds, not before the last event."""
+    data, text = read_json(meta, 1 << 20)
+    if not isinstance(data, dict):
+        raise ReplayInputError(meta, f"expected a JSON object, got {type(data).__name__}", 1)
+    if "end_s" not in data:
+        raise ReplayInputError(meta, "missing", 1, "end_s")
+    try:
+        end_s = integer(data["end_s"], 1, MAX_SECONDS)
+    except ValueError as exc:
+        raise json_error(meta, text, "end_s", str(exc)) from None
+    if end_s < last_t:
+        raise json_error(meta, text, "end_s", f"{end_s} is before the last event ({last_t} s)")
+    return end_s
+
+
 def load_trace(
     trace_dir: str | Path, n_nodes: int | None = None, node_offset: int = 0
 ) -> IdleTrace:
-    """The trace of ``n_nodes`` nodes from column ``node_offset`` on (all nodes by default)."""
+    """The trace of ``n_nodes`` nodes from column ``node_offset`` on (all nodes by default).
+
+    Bounded: at most :data:`~parsl_bf.replay.errors.MAX_NODES` nodes and
+    :data:`~parsl_bf.replay.errors.MAX_EVENTS` events, times in whole seconds up to
+    :data:`~parsl_bf.replay.errors.MAX_SECONDS`; any other content is a ReplayInputError.
+    """
     trace_dir = Path(trace_dir)
     nodes_csv = trace_dir / "nodes.csv"
-    with nodes_csv.open(newline="") as f:
-        reader = csv.DictReader(f)
-        _columns(nodes_csv, reader, ("node", "col_index"))
-        order = sorted(reader, key=lambda r: int(r["col_index"]))
-    names = [r["node"] for r in order][node_offset:]
+    if n_nodes is not None and n_nodes < 1:
+        raise ReplayInputError(nodes_csv, f"{n_nodes} nodes asked for: at least 1 is needed")
+    if node_offset < 0:
+        raise ReplayInputError(nodes_csv, f"node offset {node_offset}: must be at least 0")
+    order = _node_order(nodes_csv)
+    names = order[node_offset:]
     if n_nodes is not None:
         names = names[:n_nodes]
     if not names:
         raise ReplayInputError(nodes_csv, f"no nodes from offset {node_offset}")
-    known = {r["node"] for r in order}
+    known = set(order)
     index = {name: i for i, name in enumerate(names)}
     initial = np.zeros(len(names), dtype=bool)
     t, node, idle = [], [], []
     events = trace_dir / "events.csv.gz"
     last_t = 0
-    with gzip.open(events, "rt", newline="") as f:
-        reader = csv.DictReader(f)
+    reader = csv.DictReader(text_lines(events, compressed=True))
+    with csv_errors(events, reader):
         _columns(events, reader, ("t_s", "node", "state"))
-        for row in reader:
+        for rows, row in enumerate(reader):
             line = reader.line_num
+            if rows >= MAX_EVENTS:
+                raise ReplayInputError(events, f"more than {MAX_EVENTS} events", line)
             try:
-                t_s = int(row["t_s"])
-            except (TypeError, ValueError):
-                raise ReplayInputError(
-                    events, f"not an integer: {row['t_s']!r}", line, "t_s"
-                ) from None
+                t_s = integer(row["t_s"], 0, MAX_SECONDS)
+            except ValueError as exc:
+                raise ReplayInputError(events, str(exc), line, "t_s") from None
             if t_s < last_t:
                 raise ReplayInputError(
                     events, f"time goes backwards ({t_s} < {last_t})", line, "t_s"
@@ -142,7 +209,7 @@ def load_trace(
                 node.append(i)
                 idle.append(row["state"] == "idle")
     meta = trace_dir / "meta.json"
-    end_s = int(json.loads(meta.read_text())["end_s"]) if meta.exists() else last_t
+    end_s = _end_s(meta, last_t) if meta.exists() else last_t
     return IdleTrace(
         tuple(names),
         initial,

@@ -1,16 +1,40 @@
-"""Atomic checkpoints: write to a temporary file, fsync, then rename.
+"""Atomic, verified checkpoints: write to a temporary file, fsync, then rename.
 
 A checkpoint is ``ckpt-<samples>.pt`` in its directory; a write killed half-way leaves only a
-``.tmp`` file, which is never read. Loading takes the newest readable checkpoint, warning about
-(and skipping) any unreadable one, so a SIGKILL loses at most the work since the previous one.
+``.tmp`` file, which is never read. Loading takes the newest usable checkpoint, warning about
+(and skipping) any other, so a SIGKILL loses at most the work since the previous one.
+
+A checkpoint file is input, not code:
+
+- It is read with ``torch.load(weights_only=True)``, which builds tensors and plain data only
+  (a pickle that would run code is refused, and the file skipped). So the state is stored in
+  that form: tensors, dicts, lists, tuples, sets, numbers, strings and bytes; numpy arrays and
+  scalars (numpy's RNG state, a sampler's) are stored as tagged plain dicts and come back as
+  numpy; the RNG states of :func:`rng_state` are tensors and lists. Anything else is refused
+  when saving (``TypeError``), never silently lost.
+- It carries a checksum: the state dict gets one more key, ``"parsl_bf"``:
+  ``{"format": 2, "sha256": ...}``, the :func:`digest` of everything else (keys, numbers,
+  strings, and every tensor's bytes). A file whose digest does not match (flipped bytes) or
+  that has none (foreign, or written before this format) is skipped like an unreadable one.
+- A caller that knows what it will load the state into passes ``check`` (see
+  :func:`mismatch`): a checkpoint of another model (missing or unexpected keys, other shapes)
+  is skipped like an unreadable one, before ``load_state_dict`` could raise on it.
+
+:func:`agreed_latest` is collective: every rank reads the files itself, and the ranks agree on
+the newest one that every rank could read and check; all load the same one, or all raise
+:class:`CheckpointError`.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import logging
 import os
 import random
 import re
+import struct
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +43,14 @@ import torch
 
 __all__ = [
     "CheckpointError",
+    "FORMAT",
     "agreed_latest",
     "checkpoints",
+    "digest",
     "latest",
     "load",
     "load_latest",
+    "mismatch",
     "rng_state",
     "save_atomically",
     "save_checkpoint",
@@ -32,10 +59,23 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+#: The key of a checkpoint's own record (format and digest) in the saved dict.
+META = "parsl_bf"
+#: The checkpoint format this module writes and reads.
+FORMAT = 2
+_NUMPY = "__parsl_bf_numpy__"  # the tag of a numpy array or scalar stored as plain data
+_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray)
+_DICTS = (dict, collections.OrderedDict, collections.Counter)
+#: What a check returns: why a checkpoint's state does not fit, or None.
+Check = Callable[[dict[str, Any]], "str | None"]
 
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint where one was expected."""
+
+
+class _Unusable(ValueError):
+    """A checkpoint file that is not a valid checkpoint of this format."""
 
 
 def checkpoints(directory: str | Path) -> list[Path]:
@@ -47,13 +87,146 @@ def checkpoints(directory: str | Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+# --- the stored form -------------------------------------------------------------------------
+
+
+def _encode(obj: Any, at: str) -> Any:
+    """``obj`` in the form ``torch.load(weights_only=True)`` rebuilds; TypeError naming the
+    path of anything that has none."""
+    t = type(obj)
+    if t in _LEAVES or t in (torch.dtype, torch.device, torch.Size):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        if t not in (torch.Tensor, torch.nn.Parameter):
+            raise TypeError(f"checkpoint state{at}: a {t.__name__} (a tensor subclass)")
+        return obj
+    if t in _DICTS:
+        out = t()
+        for key, value in obj.items():
+            if type(key) not in _LEAVES:
+                raise TypeError(f"checkpoint state{at}: a key of type {type(key).__name__}")
+            out[key] = _encode(value, f"{at}[{key!r}]")
+        return out
+    if t in (list, tuple):
+        return t(_encode(v, f"{at}[{i}]") for i, v in enumerate(obj))
+    if t is set:
+        return {_encode(v, f"{at}{{...}}") for v in obj}
+    if isinstance(obj, np.ndarray | np.generic):
+        if obj.dtype.hasobject:
+            raise TypeError(f"checkpoint state{at}: a numpy array of Python objects")
+        arr = np.asarray(obj)
+        return {
+            _NUMPY: {
+                "dtype": arr.dtype.str,
+                "shape": list(arr.shape),
+                "data": arr.tobytes(),
+                "scalar": isinstance(obj, np.generic),
+            }
+        }
+    raise TypeError(
+        f"checkpoint state{at}: a {t.__module__}.{t.__qualname__}; a checkpoint holds tensors, "
+        "numpy arrays, numbers, strings, bytes, lists, tuples, sets and dicts only (it loads "
+        "with torch.load(weights_only=True)): store its state_dict() or plain values"
+    )
+
+
+def _decode(obj: Any) -> Any:
+    """The inverse of :func:`_encode` (numpy values back), on a loaded state."""
+    t = type(obj)
+    if t in _DICTS:
+        if t is dict and len(obj) == 1 and _NUMPY in obj:
+            spec = obj[_NUMPY]
+            arr = np.frombuffer(spec["data"], dtype=np.dtype(spec["dtype"]))
+            arr = arr.reshape(spec["shape"]).copy()
+            return arr[()] if spec["scalar"] else arr
+        for key, value in obj.items():
+            obj[key] = _decode(value)
+        return obj
+    if t is list:
+        return [_decode(v) for v in obj]
+    if t is tuple:
+        return tuple(_decode(v) for v in obj)
+    return obj
+
+
+def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.is_quantized:
+        t = t.int_repr()
+    t = t.cpu().contiguous().reshape(-1)
+    if t.numel() == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return t.view(torch.uint8).numpy()
+
+
+def _feed(h: Any, obj: Any) -> None:
+    t = type(obj)
+    if obj is None:
+        h.update(b"N")
+    elif t is bool:
+        h.update(b"T" if obj else b"F")
+    elif t is int:
+        text = str(obj).encode()
+        h.update(b"i%d:" % len(text) + text)
+    elif t is float:
+        h.update(b"f" + struct.pack("<d", obj))
+    elif t is complex:
+        h.update(b"c" + struct.pack("<dd", obj.real, obj.imag))
+    elif t is str:
+        data = obj.encode("utf-8", "surrogatepass")
+        h.update(b"s%d:" % len(data) + data)
+    elif t in (bytes, bytearray):
+        h.update(b"b%d:" % len(obj) + bytes(obj))
+    elif isinstance(obj, torch.Tensor):
+        data = _tensor_bytes(obj)
+        h.update(f"T{obj.dtype}{tuple(obj.shape)}{data.nbytes}:".encode())
+        h.update(data)
+    elif t in (torch.dtype, torch.device):
+        _feed(h, f"{t.__name__}:{obj}")
+    elif t in _DICTS:
+        h.update(b"d%d:" % len(obj))
+        for key, value in obj.items():
+            _feed(h, key)
+            _feed(h, value)
+    elif t in (list, tuple, torch.Size):
+        h.update(b"l%d:" % len(obj))
+        for value in obj:
+            _feed(h, value)
+    elif t is set:  # unordered: the sorted digests of its elements
+        h.update(b"S%d:" % len(obj))
+        for part in sorted(digest(v) for v in obj):
+            h.update(part.encode())
+    else:
+        raise TypeError(f"cannot digest a {t.__name__}")
+
+
+def digest(state: Any) -> str:
+    """The sha256 of a stored state: its structure, keys, numbers, strings and tensor bytes
+    (not where a tensor lives: a CUDA tensor and its CPU copy agree)."""
+    h = hashlib.sha256()
+    _feed(h, state)
+    return h.hexdigest()
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+
 def save_checkpoint(
     directory: str | Path, state: dict[str, Any], samples: int, keep: int = 2
 ) -> Path:
-    """Write ``state`` atomically as the checkpoint at ``samples``; keep the ``keep`` newest."""
+    """Write ``state`` atomically as the checkpoint at ``samples``; keep the ``keep`` newest.
+
+    TypeError (before anything is written) if ``state`` holds what a checkpoint cannot: see
+    the module docstring."""
+    if META in state:
+        raise TypeError(f"checkpoint state[{META!r}]: the key is the checkpoint's own")
+    stored = _encode(state, "")
+    stored[META] = {"format": FORMAT, "sha256": digest(stored)}
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    final = save_atomically(state, d / f"ckpt-{samples:015d}.pt")
+    final = save_atomically(stored, d / f"ckpt-{samples:015d}.pt")
     for old in checkpoints(d)[keep:]:
         old.unlink(missing_ok=True)
     return final
@@ -73,51 +246,225 @@ def save_atomically(obj: Any, path: str | Path) -> Path:
     return final
 
 
-def agreed_latest(directory: str | Path, comm: Any) -> tuple[Path, dict[str, Any]] | None:
-    """:func:`latest`, read by every rank of ``comm`` itself (in parallel: a broadcast of a
-    large pickled state from rank 0 was slower); CheckpointError unless they agree."""
-    found = latest(directory)
-    picked = "" if found is None else found[0].name
-    if comm.allgather(picked).count(picked) != comm.size:
-        raise CheckpointError(f"ranks read different checkpoints in {directory}")
-    return found
+# --- RNG states ------------------------------------------------------------------------------
 
 
 def rng_state() -> dict[str, Any]:
-    """The torch, numpy and Python RNG states, for a checkpoint."""
+    """The torch, numpy and Python RNG states, for a checkpoint: tensors and plain data."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    version, internal, gauss_next = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {"version": int(version), "state": list(internal), "gauss_next": gauss_next},
     }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what :func:`rng_state` returned (or its older form, numpy's and Python's own
+    tuples)."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, Mapping):
+        keys = numpy_state["keys"]
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+        numpy_state = (
+            numpy_state["bit_generator"],
+            keys.astype(np.uint32),
+            int(numpy_state["pos"]),
+            int(numpy_state["has_gauss"]),
+            float(numpy_state["cached_gaussian"]),
+        )
+    np.random.set_state(numpy_state)
+    python_state = state["python"]
+    if isinstance(python_state, Mapping):
+        python_state = (
+            python_state["version"],
+            tuple(python_state["state"]),
+            python_state["gauss_next"],
+        )
+    random.setstate(python_state)
+
+
+# --- loading ---------------------------------------------------------------------------------
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """The state of the checkpoint at ``path``, read with ``weights_only=True`` and checked
+    against its digest; an exception (of any kind) if it is not a valid checkpoint."""
+    stored = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(stored, dict):
+        raise _Unusable(f"not a checkpoint: a {type(stored).__name__}")
+    meta = stored.pop(META, None)
+    if not isinstance(meta, dict) or "sha256" not in meta:
+        raise _Unusable("no checksum: not a checkpoint of this format")
+    if meta.get("format") != FORMAT:
+        raise _Unusable(f"checkpoint format {meta.get('format')!r}, this reads {FORMAT}")
+    if digest(stored) != meta["sha256"]:
+        raise _Unusable("checksum mismatch: the file is corrupt")
+    return _decode(stored)
 
 
-def latest(directory: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest readable checkpoint and its state; None if there is none at all."""
-    bad = []
+def _usable(path: Path, check: Check | None, reasons: dict[str, str]) -> dict[str, Any] | None:
+    """The state at ``path`` if it loads, verifies and passes ``check``; else None, the reason
+    logged and kept in ``reasons``."""
+    try:
+        state = load(path)
+    except Exception as exc:  # any unreadable file: truncated, foreign, corrupted
+        log.warning("skipping unreadable checkpoint %s: %s", path, exc)
+        reasons[path.name] = type(exc).__name__
+        return None
+    try:
+        why = None if check is None else check(state)
+    except Exception as exc:  # a state of another layout than the check expects
+        why = f"{type(exc).__name__}: {exc}"
+    if why:
+        log.warning("skipping checkpoint %s, which does not fit: %s", path, why)
+        reasons[path.name] = f"does not fit: {why}"
+        return None
+    return state
+
+
+def latest(directory: str | Path, check: Check | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The newest usable checkpoint and its state (readable, verified, passing ``check``);
+    None if there is none at all, CheckpointError if none of them is usable."""
+    reasons: dict[str, str] = {}
     for path in checkpoints(directory):
-        try:
-            return path, load(path)
-        except Exception as exc:  # any unreadable file: truncated, foreign, corrupted
-            log.warning("skipping unreadable checkpoint %s: %s", path, exc)
-            bad.append(f"{path.name} ({type(exc).__name__})")
-    if bad:
-        raise CheckpointError(f"no readable checkpoint in {directory}: {', '.join(bad)}")
+        state = _usable(path, check, reasons)
+        if state is not None:
+            return path, state
+    if reasons:
+        listed = ", ".join(f"{name} ({why})" for name, why in reasons.items())
+        raise CheckpointError(f"no readable checkpoint in {directory}: {listed}")
     return None
 
 
-def load_latest(directory: str | Path) -> dict[str, Any] | None:
-    """The newest readable checkpoint's state; None if there is none at all."""
-    found = latest(directory)
+def load_latest(directory: str | Path, check: Check | None = None) -> dict[str, Any] | None:
+    """The newest usable checkpoint's state; None if there is none at all."""
+    found = latest(directory, check)
     return None if found is None else found[1]
+
+
+def agreed_latest(
+    directory: str | Path, comm: Any, check: Check | None = None
+) -> tuple[Path, dict[str, Any]] | None:
+    """:func:`latest`, collectively: every rank of ``comm`` reads the files itself (in
+    parallel: a broadcast of a large pickled state from rank 0 was slower), and the ranks
+    agree on the newest checkpoint that every one of them could read, verify and ``check``.
+    All return that one, or all None (no checkpoint at all), or all raise CheckpointError."""
+    d = Path(directory)
+    mine = [p.name for p in checkpoints(d)] if comm.rank == 0 else None
+    names: list[str] = comm.bcast(mine, root=0)  # one list: a file may appear meanwhile
+    reasons: dict[str, str] = {}
+
+    def first_usable(start: int) -> tuple[int, dict[str, Any] | None]:
+        for i in range(start, len(names)):
+            state = _usable(d / names[i], check, reasons)
+            if state is not None:
+                return i, state
+        return len(names), None
+
+    index, state = first_usable(0)
+    while True:  # the oldest pick wins; a rank ahead of it reads from there on
+        picks = comm.allgather(index)
+        if min(picks) == max(picks):
+            break
+        if index < max(picks):
+            state = None
+            index, state = first_usable(max(picks))
+    if index < len(names):
+        assert state is not None
+        return d / names[index], state
+    if not names:
+        return None
+    listed = ", ".join(f"{n} ({reasons.get(n, 'unusable on another rank')})" for n in names)
+    raise CheckpointError(f"no readable checkpoint in {directory}: {listed}")
+
+
+# --- does a state fit? -----------------------------------------------------------------------
+
+# Optimizer state entries shaped like their parameter.
+_PER_PARAM = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg")
+
+
+def _module_mismatch(saved: Any, module: torch.nn.Module) -> str | None:
+    if not isinstance(saved, Mapping):
+        return f"a {type(saved).__name__}, not a state_dict"
+    live = module.state_dict()
+    missing = [k for k in live if k not in saved]
+    unexpected = [k for k in saved if k not in live]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+        if unexpected:
+            more = " ..." if len(unexpected) > 3 else ""
+            parts.append(f"unexpected {', '.join(map(str, unexpected[:3]))}{more}")
+        return "keys: " + "; ".join(parts)
+    for key, value in live.items():
+        stored = saved[key]
+        if isinstance(value, torch.Tensor):
+            if not isinstance(stored, torch.Tensor):
+                return f"{key}: a {type(stored).__name__}, not a tensor"
+            if stored.shape != value.shape:
+                return (
+                    f"{key}: shape {tuple(stored.shape)} in the checkpoint, "
+                    f"{tuple(value.shape)} in the model"
+                )
+    return None
+
+
+def _optimizer_mismatch(saved: Any, optimizer: torch.optim.Optimizer) -> str | None:
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("param_groups"), list):
+        return "not an optimizer state_dict"
+    groups, live = saved["param_groups"], optimizer.param_groups
+    if len(groups) != len(live):
+        return f"{len(groups)} parameter groups in the checkpoint, {len(live)} here"
+    params = []
+    for i, (group, mine) in enumerate(zip(groups, live, strict=True)):
+        ids = group.get("params") if isinstance(group, Mapping) else None
+        if not isinstance(ids, list) or len(ids) != len(mine["params"]):
+            return f"parameter group {i}: another number of parameters"
+        params += list(zip(ids, mine["params"], strict=True))
+    state = saved.get("state") or {}
+    for pid, param in params:
+        for key in _PER_PARAM:
+            value = state.get(pid, {}).get(key) if isinstance(state.get(pid), Mapping) else None
+            if isinstance(value, torch.Tensor) and value.shape != param.shape:
+                return f"state {pid}.{key}: shape {tuple(value.shape)}, not {tuple(param.shape)}"
+    return None
+
+
+def mismatch(
+    saved: Any, live: Mapping[str, Any] | None = None, required: Iterable[str] = ()
+) -> str | None:
+    """Why the checkpoint state ``saved`` cannot be loaded into the objects ``live`` (by the
+    same keys), or None. Checked: every key of ``required`` is there; a ``torch.nn.Module``'s
+    state has exactly its keys, with its shapes (what ``load_state_dict`` would raise on); an
+    optimizer's has its parameter groups and their sizes. Other objects are not checked, and
+    may be absent (as a ``torch.nn.Module`` may not)."""
+    if not isinstance(saved, Mapping):
+        return f"a {type(saved).__name__}, not a mapping"
+    for key in required:
+        if key not in saved:
+            return f"no {key!r}"
+    for name, obj in (live or {}).items():
+        if name not in saved:
+            if isinstance(obj, torch.nn.Module):
+                return f"{name}: not in the checkpoint"
+            continue
+        if isinstance(obj, torch.nn.Module):
+            why = _module_mismatch(saved[name], obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            why = _optimizer_mismatch(saved[name], obj)
+        else:
+            why = None
+        if why:
+            return f"{name}: {why}"
+    return None

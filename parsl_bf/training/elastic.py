@@ -43,7 +43,14 @@ import torch
 from mpi4py import MPI
 
 from .batches import open_samples
-from .checkpoint import agreed_latest, rng_state, save_atomically, save_checkpoint, set_rng_state
+from .checkpoint import (
+    agreed_latest,
+    mismatch,
+    rng_state,
+    save_atomically,
+    save_checkpoint,
+    set_rng_state,
+)
 from .data import step_plan
 from .reports import ReportSink
 from .trainer import rank_device
@@ -216,7 +223,9 @@ class State:
             object.__setattr__(self, key, value)
         s.state = self
         s.before_load()  # a warm start waits here for the previous fragment's checkpoint
-        found = None if s.checkpoint_dir is None else agreed_latest(s.checkpoint_dir, s.comm)
+        found = None
+        if s.checkpoint_dir is not None:  # another loop's checkpoint is skipped like a damaged one
+            found = agreed_latest(s.checkpoint_dir, s.comm, check=self._fits)
         if found is not None:
             saved = found[1]
             self.load_state_dict(saved["loop"])
@@ -228,6 +237,11 @@ class State:
         for obj in self._objects.values():  # the same start on every rank
             if isinstance(obj, torch.nn.Module) and s.comm.size > 1:
                 obj.load_state_dict(s.comm.bcast(obj.state_dict(), root=0))
+
+    def _fits(self, saved: dict[str, Any]) -> str | None:
+        """Why a checkpoint is not this loop's (another model, another layout), or None."""
+        why = mismatch(saved, None, ("loop", "samples", "steps", "rng"))
+        return why or mismatch(saved["loop"].get("objects"), self._objects)
 
     def __setattr__(self, key: str, value: Any) -> None:
         if not key.startswith("_") and key != "stopped_at" and hasattr(self, "_values"):

@@ -27,7 +27,14 @@ import torch
 from mpi4py import MPI
 
 from .batches import open_samples, to_device
-from .checkpoint import agreed_latest, rng_state, save_atomically, save_checkpoint, set_rng_state
+from .checkpoint import (
+    agreed_latest,
+    mismatch,
+    rng_state,
+    save_atomically,
+    save_checkpoint,
+    set_rng_state,
+)
 from .data import step_plan, total_steps
 from .exchange import FlatGradients, fingerprint
 from .reports import ReportSink
@@ -311,7 +318,13 @@ class ElasticTrainer:
         # A warm start: everything above (imports, model, optimizer) ran while the fragment's
         # previous run was still stopping; wait for its checkpoint only now.
         self.before_load()
-        found = agreed_latest(self.checkpoint_dir, comm)
+        # Another model's checkpoint (other keys, other shapes) is skipped like a damaged one.
+        live = {"model": model, "optimizer": optimizer}
+        found = agreed_latest(
+            self.checkpoint_dir,
+            comm,
+            check=lambda saved: mismatch(saved, live, ("samples", "steps", "rng")),
+        )
         state = None if found is None else found[1]
         samples = steps = 0
         stopped_at = None

@@ -154,6 +154,66 @@ def test_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     assert checkpoints(tmp_path / "ckpt")  # nothing was deleted
 
 
+class _Payload:
+    """Unpickled, it creates ``marker``: a stand-in for any code a pickle can run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_damaged_and_malicious_newer_checkpoints_are_skipped(tmp_path: Path) -> None:
+    """Newer than the valid checkpoint: one with flipped bytes in its weights, one a pickle
+    that would run code. Both ranks skip both and resume from the valid one; nothing runs."""
+    first = run(1, tmp_path, 640)
+    assert first.returncode == 0, first.stderr
+    (good,) = checkpoints(tmp_path / "ckpt")
+    state = load_latest(tmp_path / "ckpt")
+    data = bytearray(good.read_bytes())
+    at = data.find(state["model"]["head.weight"].numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 9] ^= 0x10
+    (tmp_path / "ckpt" / f"ckpt-{1280:015d}.pt").write_bytes(bytes(data))
+    marker = tmp_path / "MARKER"
+    evil = {"model": _Payload(marker), "samples": 1920}
+    torch.save(evil, tmp_path / "ckpt" / f"ckpt-{1920:015d}.pt")
+    finish = run(2, tmp_path, 640 + 640)
+    assert finish.returncode == 0, finish.stderr
+    assert "checksum mismatch" in finish.stderr and not marker.exists()
+    resumed = wait_for_report(tmp_path, "start", min_samples=641)
+    assert resumed["samples"] == 640 + _next_step(640) and resumed["world"] == 2
+    assert result(tmp_path)["samples"] == 1280
+
+
+def test_a_foreign_newest_checkpoint_falls_back_to_the_older_one(tmp_path: Path) -> None:
+    """Another model's checkpoint, newest in the directory: skipped on every rank (no MPI
+    abort in load_state_dict), and the run resumes from the valid older one. The trainer
+    passes ``check=`` (checkpoint.mismatch) to agreed_latest for this."""
+    from parsl_bf.training.checkpoint import rng_state, save_checkpoint
+
+    first = run(1, tmp_path, 640)
+    assert first.returncode == 0, first.stderr
+    other = torch.nn.Linear(64, 10)
+    foreign = {
+        "model": other.state_dict(),
+        "optimizer": torch.optim.SGD(other.parameters(), lr=0.1).state_dict(),
+        "samples": 1280,
+        "steps": 20,
+        "rng": rng_state(),
+    }
+    save_checkpoint(tmp_path / "ckpt", foreign, 1280)
+    finish = run(2, tmp_path, 640 + 640)
+    assert finish.returncode == 0, "does the trainer pass check= to agreed_latest?\n" + (
+        finish.stderr
+    )
+    assert "which does not fit: model: keys:" in finish.stderr
+    resumed = wait_for_report(tmp_path, "start", min_samples=641)
+    assert resumed["samples"] == 640 + _next_step(640)
+    assert result(tmp_path)["samples"] == 1280
+
+
 def test_warm_start_waits_for_the_previous_run(tmp_path: Path) -> None:
     """The next size starts before the old run stops, and resumes from the stop checkpoint."""
     old = start(2, tmp_path, 10**6, checkpoint_every=1000)

@@ -52,7 +52,7 @@ def test_bad_job_sets(tmp_path: Path) -> None:
     data = json.loads((DATA / "hps-shufflenet-10J.json").read_text())
     del data["jobs"][2]["jmax"]
     (tmp_path / "j.json").write_text(json.dumps(data))
-    with pytest.raises(ReplayInputError, match=r"j.json jobs\[2\].jmax: missing"):
+    with pytest.raises(ReplayInputError, match=r"j.json:1 jobs\[2\].jmax: missing"):
         load_job_set(tmp_path / "j.json")
     data["jobs"][2]["jmax"] = 128  # beyond the curve's last breakpoint
     (tmp_path / "j.json").write_text(json.dumps(data))
