@@ -22,6 +22,7 @@ dynamic program answers (status ``fallback``). The old allocation is never kept 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import shutil
@@ -29,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pyomo.common.tee as pyomo_tee
 import pyomo.environ as pyo
 from pyomo.common.errors import ApplicationError
 from pyomo.opt import SolverFactory, TerminationCondition
@@ -64,6 +66,14 @@ def _clean(x: float, scale: float) -> float:
 _NEGLIGIBLE = 1e-12
 
 
+def _interchangeable(tables: list[GainTable]) -> list[list[int]]:
+    """Groups (of two or more) of task indices whose gain tables are identical."""
+    groups: dict[bytes, list[int]] = {}
+    for j, t in enumerate(tables):
+        groups.setdefault(t.counts.tobytes() + t.gain.tobytes(), []).append(j)
+    return [g for g in groups.values() if len(g) > 1]
+
+
 def build_model(problem: AllocationProblem) -> _Built:
     """The Pyomo model of ``problem``.
 
@@ -92,6 +102,19 @@ def build_model(problem: AllocationProblem) -> _Built:
     used = [runs[i][1].lo * m.y[i] for i in idx if runs[i][1].lo] + [m.d[i] for i in wide]
     if used:  # no term: every task is held at 0 nodes, nothing to constrain
         m.capacity = pyo.Constraint(expr=sum(used) <= problem.capacity)
+    # Tasks with the same gain table (a sweep's trials, a family sharing measured rates) are
+    # interchangeable: any optimum permuted among them is one too. Ordering their counts keeps
+    # only one of those permutations, without which GLPK may spend its whole time limit
+    # proving optimality among them.
+    widths = set(wide)
+    count = [
+        sum(runs[i][1].lo * m.y[i] + (m.d[i] if i in widths else 0) for i in by_task[j])
+        for j in range(len(by_task))
+    ]
+    m.symmetry = pyo.ConstraintList()
+    for group in _interchangeable(tables):
+        for a, b in itertools.pairwise(group):
+            m.symmetry.add(count[a] >= count[b])
     m.gain = pyo.Objective(
         expr=sum(runs[i][1].gain_lo * m.y[i] for i in idx)
         + sum(runs[i][1].gain_slope * m.d[i] for i in wide),
@@ -105,6 +128,10 @@ def _glpk(time_limit: float | None):
         raise SolverUnavailableError(
             "GLPK's glpsol is not on PATH: install it (Debian: apt-get install glpk-utils)"
         )
+    # Pyomo reads glpsol's output with select(), which fails on descriptors ≥ 1024 (an
+    # executor serving a thousand pilots holds as many sockets); its other reader, a blocking
+    # read per stream, has no such limit.
+    pyomo_tee._peek_available = False
     solver = SolverFactory("glpk", executable=shutil.which(GLPSOL))
     if time_limit is not None:
         # glpsol takes whole seconds; never round a positive limit down to 0 ("stop at once").

@@ -3,14 +3,20 @@
 ``python -m parsl_bf.executor.agent --url URL --secret-file FILE [--heartbeat-s 1.0]``
 
 It registers with the executor's :class:`~parsl_bf.executor.channel.PilotServer` (who it is:
-``PARSL_BF_JOB_ID``, ``PARSL_BF_NODES``, ``PARSL_BF_PILOT_END``, as the providers export them),
-heartbeats, and runs the server's ``launch``, ``signal`` and ``shutdown`` commands, reporting
-each launched process's exit. A SIGTERM or SIGUSR1 is a preemption: the grace time has begun.
-The agent reports it at once, forwards SIGTERM to every launched process group (training ranks
-checkpoint on it), reports their exits, says ``bye`` and exits 0 once they are gone.
+``PARSL_BF_JOB_ID``, ``PARSL_BF_NODES``, ``PARSL_BF_PILOT_END``, as the providers export them)
+over CurveZMQ, in a session of its own (see :mod:`parsl_bf.executor.channel`), heartbeats, and
+runs the server's ``launch``, ``signal`` and ``shutdown`` commands, reporting each launched
+process's exit. A SIGTERM or SIGUSR1 is a preemption: the grace time has begun. The agent
+reports it at once, forwards SIGTERM to every launched process group (training ranks checkpoint
+on it), reports their exits, says ``bye`` and exits 0 once they are gone.
+
+The driver pings every few seconds. When nothing valid has come from it for ``silence_s`` (from
+the welcome; 8 s by default) the agent logs ``driver silent``, TERMs every process group it
+started, KILLs what is left :data:`LOST_GRACE_S` later, and exits 4: the ranks of a dead driver
+do not go on training.
 
 Exit codes: 0 done (shutdown, preemption, pilot script gone), 2 bad arguments or secret file,
-3 no ``welcome`` from the server (wrong secret or URL), 4 the server fell silent.
+3 no ``welcome`` from the server (wrong secret or URL), 4 the driver fell silent.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 import zmq
 
 from .. import environment
-from .channel import read_secret, sign, verify
+from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
 
 __all__ = ["Agent", "Identity", "main"]
 
@@ -44,6 +50,8 @@ SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "USR1": signal.SIGUSR
 #: Signals that mean the pilot is ending (a preemption; the grace time follows).
 ENDING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 SHUTDOWN_GRACE_S = 10.0
+#: After the driver fell silent: SIGTERM, then SIGKILL this much later.
+LOST_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -88,10 +96,15 @@ class Agent:
     ) -> None:
         self.url, self.secret, self.identity = url, secret, identity
         self.heartbeat_s, self.welcome_timeout_s = heartbeat_s, welcome_timeout_s
+        self.session = AgentSession(secret)
+        self.refusals = RefusalLog(lambda refused: None, log)  # rate-limited log lines only
         self.procs: dict[str, subprocess.Popen] = {}
         self._signals: list[int] = []
         self._welcomed = False
-        self._silence_s = 30.0  # until the welcome says how long the server may stay silent
+        self._silence_s = SILENCE_S  # the welcome may say otherwise
+        self._next_beat = 0.0  # time.monotonic() of the next heartbeat
+        self._lost = False  # the driver fell silent
+        self._loop_at = 0.0  # time.monotonic() of the loop's last turn
         self._ending: str | None = None  # why we are leaving, once we are
         self._kill_at: float | None = None  # monotonic time to KILL what is left
         self._exit_code = EXIT_OK
@@ -102,7 +115,10 @@ class Agent:
     # --- messages ---------------------------------------------------------------------------
 
     def _send(self, msg: dict[str, Any]) -> None:
-        self._sock.send_multipart(sign(self.secret, {**msg, "pilot": self.identity.pilot}))
+        if not self.session.established:  # nothing to tell before the welcome
+            log.info("%r not sent: not registered yet", msg.get("op"))
+            return
+        self._sock.send_multipart(self.session.seal({**msg, "pilot": self.identity.pilot}))
 
     def _receive(self) -> None:
         while True:
@@ -110,9 +126,9 @@ class Agent:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            msg = verify(self.secret, frames)
+            msg, reason = self.session.open(frames)
             if msg is None:
-                log.warning("refused message from the server: bad signature")
+                self.refusals.add("the server", reason)
                 continue
             self._last_heard = time.monotonic()
             try:
@@ -127,9 +143,12 @@ class Agent:
                 log.info("registered with %s", self.url)
             self._welcomed = True
             timeout = float(msg.get("heartbeat_timeout_s", 10.0))
-            self._silence_s = 3 * timeout
+            self._silence_s = float(msg.get("silence_s", SILENCE_S))
             # Several heartbeats per timeout, whatever --heartbeat-s says.
             self.heartbeat_s = min(self.heartbeat_s, timeout / 3)
+            # At once: our first message in the session is what makes the pilot up.
+            self._send({"op": "heartbeat"})
+            self._next_beat = time.monotonic() + self.heartbeat_s
         elif op == "ping":
             pass
         elif op == "launch":
@@ -223,6 +242,26 @@ class Agent:
         self._send({"op": "preempted", "signal": name, "at": time.time()})
         self._leave(f"preempted ({name})")
 
+    def _driver_silent(self, now: float) -> None:
+        """Nothing valid from the driver for ``silence_s``: it is dead (or cut off), and so
+        is the work of its processes. TERM them, KILL them soon after, then exit 4."""
+        if self._lost:
+            return
+        self._lost = True
+        log.error(
+            "driver silent: nothing from %s for %.1f s: SIGTERM to %d process group(s), "
+            "SIGKILL after %g s",
+            self.url,
+            now - self._last_heard,
+            len(self.procs),
+            LOST_GRACE_S,
+        )
+        if self._ending is None:  # else leaving already (preempted, shut down): TERMed, and 0
+            self._signal_all(signal.SIGTERM)
+            self._ending, self._exit_code = "driver silent", EXIT_LOST
+        kill_at = now + LOST_GRACE_S
+        self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
+
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signals.append(signum)  # handled in the loop; the wake-up fd ends its poll
 
@@ -231,7 +270,7 @@ class Agent:
     def run(self) -> int:
         """Register, serve until told to leave or preempted, return the exit code."""
         ctx = zmq.Context()
-        self._sock = ctx.socket(zmq.DEALER)
+        self._sock = client_socket(ctx, self.secret)
         self._sock.connect(self.url)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
@@ -242,28 +281,40 @@ class Agent:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        code = EXIT_LOST
         try:
-            return self._serve(poller, wake_r)
+            code = self._serve(poller, wake_r)
+            return code
         finally:
             signal.set_wakeup_fd(old_wakeup)
-            self._sock.close(linger=2000)  # the last messages (exits, bye) still go out
+            self.refusals.flush(force=True)
+            # The last messages (exits, bye) still go out; to a silent driver, nothing would.
+            self._sock.close(linger=0 if self._lost or code == EXIT_NO_WELCOME else 2000)
             ctx.term()
             os.close(wake_r)
             os.close(wake_w)
 
     def _serve(self, poller: zmq.Poller, wake_r: int) -> int:
         i = self.identity
-        self._send({"op": "register", "nodes": list(i.nodes), "ends_at": i.ends_at, "host": i.host})
+        registration = {"pilot": i.pilot, "nodes": list(i.nodes), "ends_at": i.ends_at}
+        self._sock.send_multipart(self.session.register({**registration, "host": i.host}))
         log.info("registering with %s: nodes %s", self.url, ",".join(i.nodes))
-        started = self._last_heard = time.monotonic()
-        next_beat = started
+        started = self._last_heard = self._loop_at = time.monotonic()
         while True:
             ready = dict(poller.poll(timeout=200))
+            turn = time.monotonic()
+            if turn - self._loop_at > 2.0:
+                # We stalled (a busy node, a suspended job): the driver's silence counts only
+                # while we listen, and what it sent meanwhile may still be on its way in.
+                self._last_heard += turn - self._loop_at
+            self._loop_at = turn
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
-            if self._sock in ready:
-                self._receive()
+            # Always read before judging the silence: after a stall of ours, what the driver
+            # sent meanwhile is waiting here.
+            self._receive()
+            self.refusals.flush()
             while self._signals:
                 signum = self._signals.pop(0)
                 if signum != signal.SIGCHLD:
@@ -279,13 +330,11 @@ class Agent:
                     flush=True,
                 )
                 return EXIT_NO_WELCOME
-            if self._welcomed and now >= next_beat:
+            if self._welcomed and now >= self._next_beat:
                 self._send({"op": "heartbeat"})
-                next_beat = now + self.heartbeat_s
+                self._next_beat = now + self.heartbeat_s
             if self._welcomed and now - self._last_heard > self._silence_s:
-                if self._ending is None:
-                    log.error("no message from %s for %.0f s: leaving", self.url, self._silence_s)
-                self._leave("executor lost", kill_after=SHUTDOWN_GRACE_S, code=EXIT_LOST)
+                self._driver_silent(now)
             if os.getppid() != self._ppid and self._ppid != 1 and self._ending is None:
                 # The pilot's script left (a preemption, or its walltime): so do we.
                 log.warning("pilot script (pid %d) gone", self._ppid)
@@ -295,8 +344,9 @@ class Agent:
                 self._signal_all(signal.SIGKILL)
                 self._kill_at = now + 1.0  # again, in case one was just forking
             if self._ending is not None and not self.procs:
-                if self._exit_code == EXIT_LOST:
-                    return EXIT_LOST
+                if self._lost:
+                    log.error("exiting: the driver is silent")
+                    return self._exit_code
                 self._send({"op": "bye", "reason": self._ending})
                 log.info("bye (%s)", self._ending)
                 return self._exit_code

@@ -623,15 +623,15 @@ class Controller:
                 out[node] = left
         return out
 
-    def _siblings(self, task: ElasticTask) -> dict[int, list[float]]:
-        """Rates measured on the other tasks of ``task``'s family, per world size."""
-        out: dict[int, list[float]] = {}
-        if not task.family:
-            return out
-        for other in self.elastic.values():
-            if other is not task and other.family == task.family:
-                for n, rates in other.measured.items():
-                    out.setdefault(n, []).extend(rates)
+    def _family_rates(self) -> dict[str, dict[int, list[float]]]:
+        """Rates measured on each family's tasks (those running the same training code), per
+        world size: what a task of the family with neither measurements nor a guess takes."""
+        out: dict[str, dict[int, list[float]]] = {}
+        for task in self.elastic.values():
+            if task.family and task.measured:
+                rates = out.setdefault(task.family, {})
+                for n, measured in task.measured.items():
+                    rates.setdefault(n, []).extend(measured)
         return out
 
     def outstanding_nodes(self) -> int:
@@ -681,8 +681,9 @@ class Controller:
         if waiting_plain:
             offered = []
         specs = []
+        families = self._family_rates()  # once per decision, not once per task
         for task in candidates:
-            nodes, rates = task.curve(self._siblings(task))
+            nodes, rates = task.curve(families.get(task.family))
             cost = task.rescale_cost()
             # A task handing over keeps its size at this decision: plan around it as it is.
             lo, hi = (len(task.nodes),) * 2 if task.previous else (task.min_nodes, task.max_nodes)

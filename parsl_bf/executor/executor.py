@@ -371,6 +371,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             time.sleep(0.5)
             self.server.stop()
         if self.event_log is not None:
+            with self._lock:
+                self._write_status()  # the final state, for parsl-bf status and the report
             self.event_log.emit("shutdown")
         if getattr(self, "_log_handler", None) is not None:
             logging.getLogger("parsl_bf").removeHandler(self._log_handler)
@@ -435,8 +437,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 causes=causes,
                 events=len(events),
             )
-        with self._lock:
-            self._write_status()
+        # status.json once a second (each tick), and when a task settles: rewriting it after
+        # every batch costs more than the decision itself at a thousand pilots.
+        if any(isinstance(e, Tick) for e in events) or any(
+            isinstance(c, Resolve | Fail) for c in commands
+        ):
+            with self._lock:
+                self._write_status()
 
     def _events_of(self, item: object) -> list[Event]:
         """The lifecycle events of one arrival, with the files it left read now."""
@@ -465,7 +472,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         if isinstance(item, wire.ProcessExited):
             return self._exit_of(item)
         if isinstance(item, wire.Refused):
-            log_.emit("refused", peer=item.peer, reason=item.reason)
+            log_.emit("refused", peer=item.peer, reason=item.reason, count=item.count)
         return []
 
     def _exit_of(self, item: wire.ProcessExited) -> list[Event]:

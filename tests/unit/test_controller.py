@@ -336,15 +336,15 @@ def test_an_unmeasured_task_borrows_its_familys_rates() -> None:
     new = ElasticTask("new", work=10**9, max_nodes=2, task="m:f", family="m:f")
     other = ElasticTask("other", work=10**9, max_nodes=2, task="m:g", family="m:g")
     c.handle([TaskSubmitted(new), TaskSubmitted(other)], NOW + 1)
-    assert new.curve(c._siblings(new))[1] == (0.0, 500.0, 1000.0)
-    assert other.curve(c._siblings(other))[1] == (0.0, 1.0, 2.0)  # another family
+    assert new.curve(c._family_rates().get(new.family))[1] == (0.0, 500.0, 1000.0)
+    assert other.curve(c._family_rates().get(other.family))[1] == (0.0, 1.0, 2.0)  # another family
     # The free node goes to the new task, not to growing the measured one (rescale cost).
     (start,) = c.handle([_up("p2", "n2")], NOW + 2)
     assert start.task == "new"
     # A guess of its own is not overridden by the family's measurements.
     guessed = ElasticTask("g", work=1, max_nodes=1, task="m:f", family="m:f", scaling={1: 7.0})
     c.handle([TaskSubmitted(guessed)], NOW + 3)
-    assert guessed.curve(c._siblings(guessed))[1] == (0.0, 7.0)
+    assert guessed.curve(c._family_rates().get(guessed.family))[1] == (0.0, 7.0)
 
 
 def test_the_runs_accounting() -> None:
