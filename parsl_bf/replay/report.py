@@ -68,12 +68,21 @@ def _plots(result: ReplayResult, out: Path) -> None:
         plt.close(fig)
 
 
+def _over_bound(summary: dict) -> float | str | None:
+    """E_avail ÷ its clairvoyant bound; never a ratio above 1 (that would be a bug: flagged)."""
+    if summary.get("bound_violation"):
+        return "- (E_avail above its bound: a bug, see bound_violation in summary.json)"
+    return summary.get("E_avail_over_bound")
+
+
 def summary_table(summary: dict) -> str:
     """The headline figures as an aligned two-column table."""
     rows = [
         ("util", summary["util"]),
         ("E_used", summary["E_used"]),
         ("E_avail", summary["E_avail"]),
+        ("E_avail bound", summary.get("E_avail_bound")),
+        ("E_avail ÷ bound", _over_bound(summary)),
         ("samples", summary["samples"]),
         ("jobs done / admitted", f"{summary['jobs_done']} / {summary['jobs_admitted']}"),
         ("makespan h", None if summary["makespan_s"] is None else summary["makespan_s"] / 3600),

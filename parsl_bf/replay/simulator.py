@@ -8,16 +8,22 @@ first come first served, at most ``max_jobs`` at a time, and end once their samp
 work (checked at events, as in the original). The allocation itself is the policy's (the same
 code the executor runs); nodes are mapped with :func:`~parsl_bf.allocation.plan`, so a node is
 never moved between tasks that keep running.
+
+Every replay also reports ``E_avail_bound``, the clairvoyant upper bound of
+:mod:`parsl_bf.replay.bound` on the same instance (the window, the jobs), and
+``E_avail_over_bound``; an E_avail above its bound is flagged as a bug (``bound_violation``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..allocation import AllocationProblem, Objective, plan
+from .bound import DEFAULT_BUCKETS, e_avail_bound, idle_profile, violation
 from .jobsets import Job
 from .policies import Policy
 from .trace import IdleTrace
@@ -25,6 +31,7 @@ from .trace import IdleTrace
 __all__ = ["ReplayConfig", "ReplayResult", "StepRow", "replay"]
 
 FREE, BUSY = -1, -2  # owner codes of a node that is idle and unassigned / not idle
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,8 @@ class ReplayConfig:
     # The original replayer starts a task from zero nodes for free (its charge R·P(0) is 0);
     # a real fragment start pays process start-up. True: charge R_up·P(n) for a 0 → n start.
     charge_starts: bool = False
+    # Buckets of the E_avail bound's LP (parsl_bf.replay.bound); 0 leaves the bound out.
+    bound_buckets: int = DEFAULT_BUCKETS
 
 
 @dataclass
@@ -295,7 +304,31 @@ def replay(
     }
     if summary["util"] is None:
         summary["note"] = "no idle node-seconds in the window: efficiency is undefined"
+    summary.update(_bound(trace, jobs, config, end, t_end, idle_node_s, summary["E_avail"]))
     return ReplayResult(summary, steps, task_nodes, task_samples)
+
+
+def _bound(trace, jobs, config, end, t_end, idle_node_s, e_avail) -> dict:
+    """``E_avail_bound``, ``E_avail_over_bound`` and the LP's figures for the summary."""
+    if config.bound_buckets <= 0:
+        return {"E_avail_bound": None, "E_avail_over_bound": None}
+    profile = idle_profile(trace, config.start_s, end)
+    bound = e_avail_bound(
+        trace, jobs, config.start_s, end, config.bound_buckets, profile, config.max_jobs
+    )
+    out = {"E_avail_bound": bound.value, "E_avail_over_bound": None, "bound": bound.to_dict()}
+    # The bound divides by the idle node-seconds the replay counts: check they agree.
+    counted = float(profile.node_s(t_end))
+    problem = None
+    if abs(counted - idle_node_s) > 1e-9 * max(1.0, idle_node_s):
+        problem = f"the bound counts {counted} idle node-s to t = {t_end}, the replay {idle_node_s}"
+    problem = problem or violation(e_avail, bound.value)
+    if problem:
+        log.error("E_avail bound: %s", problem)
+        out["bound_violation"] = problem
+    elif e_avail is not None and bound.value:
+        out["E_avail_over_bound"] = e_avail / bound.value
+    return out
 
 
 def _row(
