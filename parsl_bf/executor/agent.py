@@ -15,6 +15,14 @@ the welcome; 8 s by default) the agent logs ``driver silent``, TERMs every proce
 started, KILLs what is left :data:`LOST_GRACE_S` later, and exits 4: the ranks of a dead driver
 do not go on training.
 
+Plain apps (a ``launch`` with ``"warm": true`` whose argv is :func:`runner.command
+<parsl_bf.executor.runner.command>`) are forked from the agent's warm host
+(:mod:`parsl_bf.executor.warmhost`, one per pilot, started with the agent), not started as
+processes of their own; to the executor they are processes as any other: their own group,
+signalled by key, their exit reported. A host that dies is replaced, and the apps it had are
+reported as exited with -9 (lost: the executor runs a plain app again when it left no outcome);
+one that never forked (it cannot start here) is not, and plain apps run as subprocesses.
+
 Exit codes: 0 done (shutdown, preemption, pilot script gone), 2 bad arguments or secret file,
 3 no ``welcome`` from the server (wrong secret or URL), 4 the driver fell silent.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -37,6 +46,7 @@ from typing import Any
 import zmq
 
 from .. import environment
+from . import runner
 from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
 
 __all__ = ["Agent", "Identity", "main"]
@@ -52,6 +62,104 @@ ENDING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 SHUTDOWN_GRACE_S = 10.0
 #: After the driver fell silent: SIGTERM, then SIGKILL this much later.
 LOST_GRACE_S = 1.0
+
+
+class WarmProc:
+    """A plain app forked by the warm host: ``pid`` (its group) once the host told it."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self.pending: list[int] = []  # signals asked for before the pid came
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+class WarmHost:
+    """The agent's end of a warm host: the process, its socket, the apps it forked."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "parsl_bf.executor.warmhost", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a ^C or the job's TERM to our group is ours to handle
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.apps: dict[str, WarmProc] = {}
+        self.forked = False  # it has served an app: worth replacing if it dies
+        self._buf = b""
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def launch(self, key: str, request: dict[str, Any]) -> WarmProc:
+        data = json.dumps({"key": key, **request}).encode() + b"\n"
+        self.sock.setblocking(True)
+        try:
+            self.sock.sendall(data)  # OSError: the host is gone; the caller falls back
+        finally:
+            self.sock.setblocking(False)
+        self.apps[key] = proc = WarmProc()
+        return proc
+
+    def read(self) -> bool:
+        """Take in what the host said; ``False`` once it is gone."""
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            self._buf += data
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                msg = json.loads(line)
+                proc = self.apps.get(str(msg["key"]))
+                if proc is None:
+                    continue
+                if "pid" in msg:
+                    self.forked = True
+                    proc.pid = int(msg["pid"])
+                    for sig in proc.pending:
+                        _killpg(proc.pid, sig)
+                    proc.pending.clear()
+                if "code" in msg:
+                    proc.returncode = int(msg["code"])
+                    del self.apps[str(msg["key"])]
+
+    def lost(self) -> int:
+        """The host is gone: KILL what it had, mark it exited with -9; the host's exit code."""
+        for proc in self.apps.values():
+            if proc.pid is not None:
+                _killpg(proc.pid, signal.SIGKILL)
+            proc.returncode = -signal.SIGKILL
+        self.apps.clear()
+        self.sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        return self.proc.wait()
+
+    def close(self) -> None:
+        """Close its socket: the host exits (KILLing the groups of any apps it still has)."""
+        self.sock.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @dataclass(frozen=True)
@@ -98,7 +206,9 @@ class Agent:
         self.heartbeat_s, self.welcome_timeout_s = heartbeat_s, welcome_timeout_s
         self.session = AgentSession(secret)
         self.refusals = RefusalLog(lambda refused: None, log)  # rate-limited log lines only
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | WarmProc] = {}
+        self.host: WarmHost | None = None  # forks plain apps; None: they run as subprocesses
+        self._poller: zmq.Poller | None = None
         self._signals: list[int] = []
         self._welcomed = False
         self._silence_s = SILENCE_S  # the welcome may say otherwise
@@ -176,7 +286,15 @@ class Agent:
         stdout, stderr = msg.get("stdout"), msg.get("stderr")
         try:
             argv = [str(a) for a in msg["argv"]]
-            env = {**os.environ, **{str(k): str(v) for k, v in (msg.get("env") or {}).items()}}
+            extra = {str(k): str(v) for k, v in (msg.get("env") or {}).items()}
+            args = runner.command_args(argv) if msg.get("warm") else None
+            if args is not None and self.host is not None:
+                warm = self._launch_warm(key, args, extra, msg.get("cwd"), stdout, stderr)
+                if warm is not None:
+                    self.procs[key] = warm
+                    log.info("forked %s from the warm host: %s", key, " ".join(argv))
+                    return
+            env = {**os.environ, **extra}
             with _output(stdout) as out, _output(stderr) as err:
                 proc = subprocess.Popen(
                     argv,
@@ -198,6 +316,62 @@ class Agent:
         self.procs[key] = proc
         log.info("launched %s (pid %d): %s", key, proc.pid, " ".join(argv))
 
+    def _launch_warm(
+        self, key: str, args: tuple[str, str], env: dict[str, str], cwd: str | None,
+        stdout: str | None, stderr: str | None,
+    ) -> WarmProc | None:  # fmt: skip
+        """Ask the warm host to fork the app; ``None`` if it is gone (run it as a command).
+        Raises what a subprocess's launch would: a missing ``cwd``, an output not writable."""
+        assert self.host is not None
+        with _output(stdout), _output(stderr):  # made here, appended to by the child
+            pass
+        if cwd is not None and not os.path.isdir(cwd):
+            raise FileNotFoundError(f"no such directory: {cwd!r}")
+        request = {"src": args[0], "out": args[1], "env": env, "cwd": cwd}
+        try:
+            return self.host.launch(key, {**request, "stdout": stdout, "stderr": stderr})
+        except OSError as exc:
+            log.warning("warm host unavailable (%s): %s runs as a process", exc, key)
+            self._host_gone()
+            return None
+
+    def _start_host(self) -> None:
+        try:
+            self.host = WarmHost()
+        except OSError as exc:
+            log.warning("no warm host (%s): plain apps run as processes", exc)
+            self.host = None
+            return
+        log.info("warm host started (pid %d)", self.host.proc.pid)
+        if self._poller is not None:
+            self._poller.register(self.host.sock, zmq.POLLIN)
+
+    def _serve_host(self) -> None:
+        if self.host is None or self.host.read():
+            return
+        self._host_gone()
+
+    def _host_gone(self) -> None:
+        host = self.host
+        assert host is not None
+        if self._poller is not None:
+            with contextlib.suppress(KeyError):
+                self._poller.unregister(host.sock)
+        lost = sorted(host.apps)
+        code = host.lost()
+        self.host = None
+        log.warning(
+            "warm host (pid %d) exited with %d: %d plain app(s) lost%s",
+            host.proc.pid,
+            code,
+            len(lost),
+            f" ({', '.join(lost)})" if lost else "",
+        )
+        if not host.forked:
+            log.warning("the warm host never forked an app: plain apps run as processes")
+        elif self._ending is None:
+            self._start_host()
+
     def _signal_one(self, key: str, name: str) -> None:
         sig = SIGNALS.get(name.upper().removeprefix("SIG"))
         if sig is None:
@@ -208,11 +382,11 @@ class Agent:
             log.info("signal %s for %s ignored: no such process", name, key)
             return
         log.info("SIG%s to %s", sig.name.removeprefix("SIG"), key)
-        _killpg(proc.pid, sig)
+        _signal(proc, sig)
 
     def _signal_all(self, sig: int) -> None:
         for proc in self.procs.values():
-            _killpg(proc.pid, sig)
+            _signal(proc, sig)
 
     def _reap(self) -> None:
         for key, proc in list(self.procs.items()):
@@ -220,7 +394,8 @@ class Agent:
             if code is None:
                 continue
             # Leftovers in its group die with it, as processes of a batch job do.
-            _killpg(proc.pid, signal.SIGKILL)
+            if proc.pid is not None:
+                _killpg(proc.pid, signal.SIGKILL)
             del self.procs[key]
             log.info("%s exited with %d", key, code)
             self._send({"op": "exited", "key": key, "code": code})
@@ -278,14 +453,17 @@ class Agent:
         old_wakeup = signal.set_wakeup_fd(wake_w)
         for sig in (*ENDING, signal.SIGCHLD):  # SIGCHLD only wakes the loop to reap at once
             signal.signal(sig, self._on_signal)
-        poller = zmq.Poller()
+        poller = self._poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        self._start_host()
         code = EXIT_LOST
         try:
             code = self._serve(poller, wake_r)
             return code
         finally:
+            if self.host is not None:
+                self.host.close()
             signal.set_wakeup_fd(old_wakeup)
             self.refusals.flush(force=True)
             # The last messages (exits, bye) still go out; to a silent driver, nothing would.
@@ -313,6 +491,7 @@ class Agent:
                     os.read(wake_r, 4096)
             # Always read before judging the silence: after a stall of ours, what the driver
             # sent meanwhile is waiting here.
+            self._serve_host()  # before launching more: exits, and whether it is still there
             self._receive()
             self.refusals.flush()
             while self._signals:
@@ -361,6 +540,15 @@ def _output(path: str | None):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
         yield f
+
+
+def _signal(proc: subprocess.Popen | WarmProc, sig: int) -> None:
+    """Signal a process's group; a warm app's as soon as the host says which it is."""
+    if proc.pid is None:
+        assert isinstance(proc, WarmProc)
+        proc.pending.append(sig)
+    else:
+        _killpg(proc.pid, sig)
 
 
 def _killpg(pgid: int, sig: int) -> None:

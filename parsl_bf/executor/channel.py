@@ -36,8 +36,12 @@ Each agent (:mod:`parsl_bf.executor.agent`, a DEALER) says, by ``op``:
 
 and is told, through :meth:`PilotServer.send`:
 
-``launch`` {key, argv, env, cwd, stdout, stderr}
-    start a process in its own session (``env`` is added to the agent's environment)
+``launch`` {key, argv, env, cwd, stdout, stderr, warm?}
+    start a process in its own session (``env`` is added to the agent's environment).
+    ``"warm": true`` (plain apps) says that ``argv`` is
+    :func:`parsl_bf.executor.runner.command`: the agent may fork it from its warm host
+    (:mod:`parsl_bf.executor.warmhost`) instead, a process all the same to the executor (its
+    own session, signalled by key, ``exited`` with its code; -9 if the host died under it)
 ``signal`` {key, signal}
     signal that process's whole group: ``"TERM"``, ``"KILL"`` or ``"USR1"``
 ``shutdown`` {}

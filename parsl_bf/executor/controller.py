@@ -289,7 +289,9 @@ class Controller:
             decide |= self._on(event, now, out)
         if decide:
             self._decide(now, out)
-        return out
+        # A process the same batch reported exited, or lost with its pilot, needs no signal.
+        running = {(p, k) for f in self.fragments.values() for k, p in f.running.items()}
+        return [c for c in out if not isinstance(c, Signal) or (c.pilot, c.key) in running]
 
     def _on(self, event: Event, now: float, out: list[Command]) -> bool:
         if isinstance(event, PilotUp):
@@ -542,7 +544,7 @@ class Controller:
             return
         task.nodes = ()
         task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
-        if task.state == "queued" and task.samples >= task.work:
+        if task.state == "queued" and (task.resolved or task.samples >= task.work):
             # A predecessor finished the work during a hand-over: nothing is left to train.
             task.state = "done"
         if task.previous is not None:

@@ -55,6 +55,7 @@ from ..providers.base import SettingError
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
 from . import channel as wire
+from . import runner
 from .channel import PilotServer, write_secret
 from .controller import Controller, ElasticTask, PlainTask
 from .events import EventLog
@@ -622,25 +623,26 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     def _run_plain(self, run: RunPlain) -> None:
         d = self._submissions[run.task].directory
         d.app_out.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "parsl_bf.executor.runner", str(d.app_in), str(d.app_out)]
-        # cwd: relative paths in apps mean what they mean where the workflow runs.
+        # cwd: relative paths in apps mean what they mean where the workflow runs. warm: the
+        # agent forks it from its warm host (no interpreter to start), or runs the command.
         self._launch(
-            run.pilot, plain_key(run.task), argv, {"PYTHONPATH": _pythonpath()}, Path.cwd(),
-            d.app_stream("stdout"), d.app_stream("stderr"),
+            run.pilot, plain_key(run.task), runner.command(d.app_in, d.app_out),
+            {"PYTHONPATH": _pythonpath()}, Path.cwd(), d.app_stream("stdout"),
+            d.app_stream("stderr"), warm=True,
         )  # fmt: skip
 
     def _launch(
         self, pilot: str, key: str, argv: list[str], env: dict[str, str], cwd: Path, stdout: Path,
-        stderr: Path,
+        stderr: Path, warm: bool = False,
     ) -> None:  # fmt: skip
         """The channel's ``launch`` message."""
-        self._send(
-            pilot,
-            {
-                "op": "launch", "key": key, "argv": [str(a) for a in argv], "env": env,
-                "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr),
-            },
-        )  # fmt: skip
+        msg = {
+            "op": "launch", "key": key, "argv": [str(a) for a in argv], "env": env,
+            "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr),
+        }  # fmt: skip
+        if warm:
+            msg["warm"] = True
+        self._send(pilot, msg)
 
     def _write_status(self) -> None:
         c = self.controller

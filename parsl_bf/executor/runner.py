@@ -6,6 +6,10 @@ reader never sees half a file): ``serialize({"result": value})`` or, if it raise
 ``serialize({"exception": RemoteExceptionWrapper(...)})``, which keeps the remote traceback.
 :func:`read_outcome` reads it back for the executor.
 
+The executor sends :func:`command` with ``"warm": true``: the agent runs it in a child forked
+from its warm host (:mod:`parsl_bf.executor.warmhost`), which has imported this module already,
+or as that command when it has no host.
+
 Exit 0 in both cases: the exception travels in the file. Exit 2 on bad input (wrong arguments,
 unreadable ``IN``, a buffer that does not unpack); the message goes to stderr and, when ``OUT``
 can be written, an exception outcome saying the same goes there.
@@ -23,9 +27,22 @@ from typing import Any
 from parsl.app.errors import RemoteExceptionWrapper
 from parsl.serialize import deserialize, serialize, unpack_apply_message
 
-__all__ = ["RunnerError", "UnpicklableError", "main", "read_outcome"]
+__all__ = ["RunnerError", "UnpicklableError", "command", "command_args", "main", "read_outcome"]
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
+MODULE = "parsl_bf.executor.runner"
+
+
+def command(src: str | os.PathLike[str], out: str | os.PathLike[str], python: str | None = None):
+    """The runner's command line, ``[python, -m, parsl_bf.executor.runner, IN, OUT]``."""
+    return [python or sys.executable, "-m", MODULE, str(src), str(out)]
+
+
+def command_args(argv: list[str]) -> tuple[str, str] | None:
+    """``(IN, OUT)`` if ``argv`` is a :func:`command` (whatever its Python), else ``None``."""
+    if len(argv) == 5 and argv[1:3] == ["-m", MODULE]:
+        return argv[3], argv[4]
+    return None
 
 
 class RunnerError(RuntimeError):

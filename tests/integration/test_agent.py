@@ -27,7 +27,7 @@ from parsl_bf.executor.channel import (
     Refused,
     write_secret,
 )
-from parsl_bf.executor.runner import RunnerError, UnpicklableError, read_outcome
+from parsl_bf.executor.runner import RunnerError, UnpicklableError, command, read_outcome
 
 from ..waiting import until
 
@@ -304,3 +304,108 @@ def test_runner_reports_what_cannot_travel_and_bad_input(tmp_path: Path) -> None
         subprocess.run([sys.executable, "-m", "parsl_bf.executor.runner"], env=_env("r")).returncode
         == 2
     )
+
+
+# --- plain apps forked from the warm host ---------------------------------------------------
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a container's init may not reap the orphans it inherits)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def who_am_i(note: str) -> dict:
+    """A plain app: where it runs, what it sees; it also writes to stdout, stderr and ``note``."""
+    print("to stdout")
+    print("to stderr", file=sys.stderr)
+    Path(note).write_text(os.environ["GREETING"])  # relative: in the workflow's cwd
+    return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "sid": os.getsid(0)}
+
+
+def sleep_noting(ready: str) -> None:
+    """A plain app that notes its parent (the warm host) and sleeps."""
+    Path(ready).write_text(str(os.getppid()))
+    time.sleep(60)
+
+
+def _plain(key: str, tmp_path: Path, func, *args, **kw) -> tuple[dict, Path]:
+    src, out = tmp_path / f"{key}.in", tmp_path / f"{key}.app.out"
+    src.write_bytes(pack_apply_message(func, args, {}))
+    return {**_launch(key, command(src, out), tmp_path, **kw), "warm": True}, out
+
+
+@pytest.fixture
+def warm_agent(serve, agent):
+    server, events = serve()
+    proc = agent(server.url)
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    return server, events, proc
+
+
+def test_a_plain_app_runs_forked_from_the_warm_host(warm_agent, tmp_path: Path) -> None:
+    server, events, proc = warm_agent
+    work = tmp_path / "work"
+    work.mkdir()
+    msg, out = _plain("app", tmp_path, who_am_i, "note", env={"GREETING": "hi"}, cwd=str(work))
+    server.send("pilot.1", msg)
+    events.wait(ProcessExited("pilot.1", "app", 0))
+    ok, seen = read_outcome(out)
+    assert ok and (work / "note").read_text() == "hi"
+    assert (tmp_path / "app.out").read_text() == "to stdout\n"
+    assert (tmp_path / "app.err").read_text() == "to stderr\n"
+    # Forked by the host (the agent's child), in a session and group of its own.
+    assert seen["ppid"] != proc.pid and _ppid(seen["ppid"]) == proc.pid
+    assert seen["pid"] == seen["pgid"] == seen["sid"]
+    # A second app comes from the same host: no process started per app.
+    msg, out = _plain("again", tmp_path, who_am_i, "note", env={"GREETING": "ho"}, cwd=str(work))
+    server.send("pilot.1", msg)
+    events.wait(ProcessExited("pilot.1", "again", 0))
+    assert read_outcome(out)[1]["ppid"] == seen["ppid"]
+
+    # A TERM to its key ends it; `exited` says so.
+    ready = tmp_path / "ready"
+    server.send("pilot.1", _plain("sleeper", tmp_path, sleep_noting, str(ready))[0])
+    until(lambda: ready.exists() and ready.read_text())
+    server.send("pilot.1", {"op": "signal", "key": "sleeper", "signal": "TERM"})
+    events.wait(ProcessExited("pilot.1", "sleeper", -signal.SIGTERM))
+
+    server.send("pilot.1", {"op": "shutdown"})
+    events.wait(PilotGone("pilot.1", "bye"))
+    assert proc.wait(10) == 0
+    assert not _alive(seen["ppid"])  # no host outlives its agent
+
+
+def test_a_killed_warm_host_is_replaced_and_its_app_lost(warm_agent, tmp_path: Path) -> None:
+    server, events, proc = warm_agent
+    ready = tmp_path / "ready"
+    server.send("pilot.1", _plain("sleeper", tmp_path, sleep_noting, str(ready))[0])
+    until(lambda: ready.exists() and ready.read_text())
+    host = int(ready.read_text())
+    os.kill(host, signal.SIGKILL)
+    events.wait(ProcessExited("pilot.1", "sleeper", -signal.SIGKILL))  # lost with its host
+    msg, out = _plain(
+        "after", tmp_path, who_am_i, "note", env={"GREETING": "hi"}, cwd=str(tmp_path)
+    )
+    server.send("pilot.1", msg)
+    events.wait(ProcessExited("pilot.1", "after", 0))
+    new_host = read_outcome(out)[1]["ppid"]
+    assert new_host != host and _ppid(new_host) == proc.pid  # a new host, the agent's child
+    # The agent killed outright: the kernel takes its host with it.
+    proc.kill()
+    proc.wait()
+    until(lambda: not _alive(new_host), 10, "the warm host outlived its agent")
+
+
+def test_a_warm_launch_that_cannot_start_is_reported(warm_agent, tmp_path: Path) -> None:
+    server, events, _ = warm_agent
+    msg, _ = _plain("nowhere", tmp_path, who_am_i, "note", cwd=str(tmp_path / "missing"))
+    server.send("pilot.1", msg)
+    events.wait(ProcessExited("pilot.1", "nowhere", 127))
+    assert "launch failed" in (tmp_path / "nowhere.err").read_text()
