@@ -28,7 +28,10 @@ Accounting as in docs/replay.md ("Accounting"): util = allocated ÷ idle node-se
 and E_avail = Σ samples / P(1) ÷ allocated and ÷ idle node-seconds. A pilot holds its node
 until its processes have exited after the SIGTERM at its hole's end, so util (and "held") can
 exceed 1 slightly. "E_av*" is E_avail with the run's own P(1) (median step rate of its 1-rank
-fragments) in place of the calibration's. The executor's design: docs/design.md.
+fragments) in place of the calibration's. An efficiency above the most the calibrated curve
+allows (max P(n) / (n·P(1)), 1 for sublinear scaling) cannot be true (P(1) measured under other
+contention than the run): it is printed as IMPOSSIBLE, left out of the table and the JSON line,
+and listed under ``impossible``. The executor's design: docs/design.md.
 
 Emulation choices: a node is a core (the default ``--nodes 2`` on this 2-core machine), so every
 rank runs one torch thread (``PARSL_BF_THREADS_PER_RANK=1``; the worker would give a rank all
@@ -393,6 +396,23 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else round(x, digits)
 
 
+def _impossible(rows: dict[str, dict], rates: dict[int, float]) -> list[dict]:
+    """Efficiencies above what the calibrated curve allows (max over n of P(n) / (n·P(1)); 1
+    when scaling is sublinear) cannot be true: P(1) was measured under other contention than
+    the run. They are taken out of the table and the JSON line (None) and listed instead."""
+    ceiling = max(v / (n * rates[1]) for n, v in rates.items() if n > 0)
+    found = []
+    for name, r in rows.items():
+        for key in ("E_used", "E_avail", "E_avail_run"):
+            if r.get(key) is not None and r[key] > ceiling:
+                found.append(
+                    {"run": name, "figure": key, "value": round(r[key], 4),
+                     "ceiling": round(ceiling, 4)}
+                )  # fmt: skip
+                r[key] = None
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2, help="emulated nodes (default 2: the cores)")
@@ -497,6 +517,7 @@ def main() -> int:
             "E_avail_run": r["E_avail"],
         }
 
+    impossible = _impossible(rows, cal.rates)
     print(head)
     curve = ", ".join(f"P({n}) {v:.0f}" for n, v in sorted(cal.rates.items()))
     print(
@@ -512,7 +533,8 @@ def main() -> int:
     for name, r in rows.items():
         print(
             f"{name:>7} {r['samples']:>9.0f} {r['util']:>5.3f} {_f(r['held'], '.3f'):>5} "
-            f"{r['E_used']:>6.3f} {r['E_avail']:>7.3f} {_f(r['E_avail_run'], '.3f'):>5} "
+            f"{_f(r['E_used'], '.3f'):>6} {_f(r['E_avail'], '.3f'):>7} "
+            f"{_f(r['E_avail_run'], '.3f'):>5} "
             f"{r['lost']:>6.0f} {r['preempt']:>7} {_f(r['p50'], '.4f'):>7} "
             f"{_f(r['p95'], '.4f'):>7} {_f(r['rate1'], '.0f'):>8} {r['others']:>6.2f}"
         )
@@ -542,18 +564,24 @@ def main() -> int:
         "P(1); decisions in s; replay lost = its preemption charge R·P; others = cores used by "
         "other processes on the machine (replay: during the calibration)"
     )
+    for bad in impossible:
+        print(
+            f"IMPOSSIBLE, left out: {bad['run']} {bad['figure']} {bad['value']} is above "
+            f"{bad['ceiling']}, the most the calibrated curve allows (P(1) was measured under "
+            "other contention than the run)"
+        )
     decisions = [x for run in runs.values() for x in run.figures.decisions]
     figures = {
-        "E_avail": round(aware["E_avail"], 4),
-        "E_avail_replay": round(rep["E_avail"], 4),
+        "E_avail": _r(aware["E_avail"]),
+        "E_avail_replay": _r(rep["E_avail"]),
         "decision_p50_s": _r(percentile(decisions, 50)),
         "decision_p95_s": _r(percentile(decisions, 95)),
         "lost_samples_aware": aware["lost"],
         "lost_samples_paper": paper["lost"],
         "E_avail_ratio": _r(ratio or None),
-        "E_avail_replay_starts_charged": round(rep_charged["E_avail"], 4),
-        "E_avail_paper": round(paper["E_avail"], 4),
-        "E_avail_cold": round(cold["E_avail"], 4),
+        "E_avail_replay_starts_charged": _r(rep_charged["E_avail"]),
+        "E_avail_paper": _r(paper["E_avail"]),
+        "E_avail_cold": _r(cold["E_avail"]),
         "E_avail_run_P1": {
             k: _r(rows[k]["E_avail_run"] or None) for k in ("aware", "paper", "cold")
         },
@@ -585,6 +613,7 @@ def main() -> int:
             "idle_node_s": round(idle, 1),
         },
         "leftover_processes": sum(run.leftover for run in runs.values()) + len(left),
+        "impossible": impossible,
     }
     print(json.dumps(figures))
     return 0
