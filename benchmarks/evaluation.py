@@ -61,9 +61,9 @@ def _fmt(x, digits=3):
 
 def table(rows: list[dict]) -> list[str]:
     out = [
-        "| policy | objective | T_fwd s | util | E_used | E_avail | samples | jobs done "
-        "| makespan h | solves | solve p50 / p95 / max s | at time limit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| policy | objective | T_fwd s | util | E_used | E_avail | bound | ÷ bound | samples "
+        "| jobs done | makespan h | solves | solve p50 / p95 / max s | at time limit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = r["solve_s"]
@@ -73,6 +73,7 @@ def table(rows: list[dict]) -> list[str]:
             f"| {r['policy']} | {'-' if heuristic else r.get('objective', 'throughput')} "
             f"| {_fmt(r['tfwd_s'], 0) if not heuristic else '-'} "
             f"| {_fmt(r['util'])} | {_fmt(r['E_used'])} | {_fmt(r['E_avail'])} "
+            f"| {_fmt(r.get('E_avail_bound'))} | {_fmt(r.get('E_avail_over_bound'))} "
             f"| {r['samples']:.3e} | {r['jobs_done']} / {r['jobs_admitted']} "
             f"| {_fmt(r['makespan_s'] / 3600 if r['makespan_s'] else None, 1)} | {r['solves']} "
             f"| {s['p50']:.3f} / {s['p95']:.3f} / {s['max']:.3f} "
@@ -189,6 +190,11 @@ def main() -> int:
         "of a few tasks on many nodes at their worst efficiency; `balanced` makes the batch "
         "finish together. Over a window that ends with work still queued there is no tail, and "
         "it can cost a little (ImageNet-spdup below).",
+        "",
+        "`bound` is the clairvoyant upper bound on E_avail of the same instance "
+        "(`E_avail_bound`: the whole future of idle nodes known, rescales free; an LP over the "
+        "window, docs/replay.md); `÷ bound` is E_avail over it, i.e. how much of what any "
+        "policy could reach this one reaches.",
         "",
     ]
     summary = {}
