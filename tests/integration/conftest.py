@@ -1,14 +1,24 @@
-"""The loopback Slurm cluster for the tests: real slurmctld and slurmd, one per fake node.
+"""Fixtures of the integration tests.
 
-Needs root (the daemons run as root); `scripts/slurm-loopback.sh` installs the Debian
-packages when they are missing. `make test` as root (as in CI) runs these; elsewhere they skip.
-One cluster serves the whole session.
+The loopback Slurm cluster: real slurmctld and slurmd, one per fake node. Needs root (the
+daemons run as root); `scripts/slurm-loopback.sh` installs the Debian packages when they are
+missing. `make test` as root (as in CI) runs these; elsewhere they skip. One cluster serves the
+whole session.
+
+Pilot agents: a channel secret, servers and real agent processes, stopped after each test.
 """
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
+from parsl_bf.executor.channel import PilotServer, read_secret, write_secret
+
+from .agents import AGENT, Events, pilot_env
 from .slurm import loopback_cluster, quiesce, unavailable
 
 
@@ -28,3 +38,53 @@ def slurm(slurm_env, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
     yield slurm_env
     quiesce(slurm_env, timeout=60)
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    write_secret(tmp_path / "secret")
+    return tmp_path / "secret"
+
+
+@pytest.fixture
+def serve(secret_file: Path) -> Iterator:
+    """``serve(heartbeat_timeout_s=..., secret=..., **PilotServer options) -> (server,
+    events)``, stopped after the test."""
+    servers: list[PilotServer] = []
+
+    def start(heartbeat_timeout_s: float = 10.0, secret: bytes | None = None, **kw):
+        events = Events()
+        secret = secret or read_secret(secret_file)
+        server = PilotServer(secret, events, heartbeat_timeout_s=heartbeat_timeout_s, **kw)
+        server.start()
+        servers.append(server)
+        return server, events
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def agent(tmp_path: Path, secret_file: Path) -> Iterator:
+    """``agent(url, pilot, *args) -> Popen`` of ``python -m parsl_bf.executor.agent``, its
+    stderr appended to ``tmp_path / "<pilot>.stderr"``; any still running after the test get
+    SIGTERM (which they forward to their processes), then SIGKILL."""
+    procs: list[subprocess.Popen] = []
+
+    def start(url: str, pilot: str = "pilot.1", *args: str, secret: Path = secret_file):
+        argv = [*AGENT, "--url", url, "--secret-file", str(secret), "--heartbeat-s", "0.2"]
+        with open(tmp_path / f"{pilot}.stderr", "a") as err:
+            proc = subprocess.Popen([*argv, *args], env=pilot_env(pilot), stderr=err)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

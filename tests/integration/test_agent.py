@@ -8,10 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,6 @@ from parsl_bf.executor.channel import (
     UNAUTHENTICATED,
     PilotGone,
     PilotPreempted,
-    PilotServer,
     PilotUp,
     ProcessExited,
     Refused,
@@ -30,103 +27,7 @@ from parsl_bf.executor.channel import (
 from parsl_bf.executor.runner import RunnerError, UnpicklableError, command, read_outcome
 
 from ..waiting import until
-
-ROOT = Path(__file__).resolve().parents[2]
-END = 1_900_000_000.5
-
-
-class Events:
-    """What a server reported, in order (appended from the server's thread)."""
-
-    def __init__(self) -> None:
-        self.items: list[object] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: object) -> None:
-        with self._lock:
-            self.items.append(event)
-
-    def of(self, kind: type) -> list:
-        with self._lock:
-            return [e for e in self.items if isinstance(e, kind)]
-
-    def wait(self, expected: object, timeout: float = 10.0) -> float:
-        """Wait for an event equal to ``expected``; its index in :attr:`items`."""
-        until(lambda: expected in self.items, timeout, f"no {expected!r} in {self.items!r}")
-        return self.items.index(expected)
-
-
-def _env(pilot: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return {
-        **os.environ,
-        "PYTHONPATH": path,
-        "PARSL_BF_JOB_ID": pilot,
-        "PARSL_BF_NODES": "n0,n1",
-        "PARSL_BF_PILOT_END": str(END),
-    }
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    write_secret(tmp_path / "secret")
-    return tmp_path / "secret"
-
-
-@pytest.fixture
-def serve(secret_file: Path) -> Iterator:
-    """``serve(heartbeat_timeout_s=...) -> (server, events)``, stopped after the test."""
-    servers: list[PilotServer] = []
-
-    def start(heartbeat_timeout_s: float = 10.0, secret: bytes | None = None):
-        events = Events()
-        server = PilotServer(
-            secret or secret_file.read_bytes(), events, heartbeat_timeout_s=heartbeat_timeout_s
-        )
-        server.start()
-        servers.append(server)
-        return server, events
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-@pytest.fixture
-def agent(tmp_path: Path, secret_file: Path) -> Iterator:
-    """``agent(url, pilot, *args) -> Popen`` of ``python -m parsl_bf.executor.agent``; any
-    still running after the test get SIGTERM (which they forward to their processes)."""
-    procs: list[subprocess.Popen] = []
-
-    def start(url: str, pilot: str = "pilot.1", *args: str, secret: Path = secret_file):
-        argv = [sys.executable, "-m", "parsl_bf.executor.agent", "--url", url]
-        argv += ["--secret-file", str(secret), "--heartbeat-s", "0.2", *args]
-        with open(tmp_path / f"{pilot}.stderr", "w") as err:
-            proc = subprocess.Popen(argv, env=_env(pilot), stderr=err)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _launch(key: str, argv: list[str], out: Path, **kw) -> dict:
-    return {
-        "op": "launch",
-        "key": key,
-        "argv": argv,
-        "env": kw.get("env", {}),
-        "cwd": kw.get("cwd"),
-        "stdout": str(out / f"{key}.out"),
-        "stderr": str(out / f"{key}.err"),
-    }
+from .agents import END, alive, launch, pilot_env
 
 
 def test_agent_registers_runs_processes_and_shuts_down(serve, agent, tmp_path: Path) -> None:
@@ -136,17 +37,17 @@ def test_agent_registers_runs_processes_and_shuts_down(serve, agent, tmp_path: P
     assert list(server.pilots) == ["pilot.1"]
 
     cmd = "echo $GREETING; pwd; exit 3"
-    msg = _launch("three", ["sh", "-c", cmd], tmp_path, env={"GREETING": "hi"}, cwd=str(tmp_path))
+    msg = launch("three", ["sh", "-c", cmd], tmp_path, env={"GREETING": "hi"}, cwd=str(tmp_path))
     server.send("pilot.1", msg)
     events.wait(ProcessExited("pilot.1", "three", 3))
     assert (tmp_path / "three.out").read_text() == f"hi\n{tmp_path}\n"
 
-    server.send("pilot.1", _launch("sleeper", ["sleep", "30"], tmp_path))
+    server.send("pilot.1", launch("sleeper", ["sleep", "30"], tmp_path))
     until(lambda: (tmp_path / "sleeper.out").exists())  # the agent opened it: sleep has started
     server.send("pilot.1", {"op": "signal", "key": "sleeper", "signal": "TERM"})
     events.wait(ProcessExited("pilot.1", "sleeper", -signal.SIGTERM))
 
-    server.send("pilot.1", _launch("missing", ["/nonexistent/program"], tmp_path))
+    server.send("pilot.1", launch("missing", ["/nonexistent/program"], tmp_path))
     events.wait(ProcessExited("pilot.1", "missing", 127))
     assert "launch failed" in (tmp_path / "missing.err").read_text()
 
@@ -164,7 +65,7 @@ def test_a_signal_to_the_agent_is_a_preemption(serve, agent, tmp_path: Path, sig
     log, ready = tmp_path / "rank.log", tmp_path / "rank.ready"
     # A training rank: checkpoints (here: notes the signal) and exits 0 on SIGTERM.
     rank = f"trap 'echo TERM >> {log}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done"
-    server.send("pilot.1", _launch("rank", ["sh", "-c", rank], tmp_path))
+    server.send("pilot.1", launch("rank", ["sh", "-c", rank], tmp_path))
     until(ready.exists)
     sent = time.time()
     proc.send_signal(sig)
@@ -223,7 +124,7 @@ def test_an_agent_leaves_when_the_executor_disappears(serve, agent, tmp_path: Pa
     events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
     pid = tmp_path / "sleeper.pid"
     server.send(
-        "pilot.1", _launch("sleeper", ["sh", "-c", f"echo $$ > {pid}; exec sleep 60"], tmp_path)
+        "pilot.1", launch("sleeper", ["sh", "-c", f"echo $$ > {pid}; exec sleep 60"], tmp_path)
     )
     until(lambda: pid.exists() and pid.read_text().strip())
     server.stop()
@@ -242,7 +143,7 @@ def test_shutdown_kills_what_ignores_sigterm(serve, agent, tmp_path: Path) -> No
     events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
     ready = tmp_path / "ready"
     stubborn = f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done"
-    server.send("pilot.1", _launch("stubborn", ["sh", "-c", stubborn], tmp_path))
+    server.send("pilot.1", launch("stubborn", ["sh", "-c", stubborn], tmp_path))
     until(ready.exists)
     asked = time.monotonic()
     server.send("pilot.1", {"op": "shutdown"})
@@ -273,7 +174,7 @@ def _run(tmp_path: Path, payload: bytes) -> tuple[int, Path]:
     src.write_bytes(payload)
     done = subprocess.run(
         [sys.executable, "-m", "parsl_bf.executor.runner", str(src), str(out)],
-        env=_env("runner"),
+        env=pilot_env("runner"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -301,7 +202,9 @@ def test_runner_reports_what_cannot_travel_and_bad_input(tmp_path: Path) -> None
     ok, exc = read_outcome(out)
     assert code == 2 and not ok and isinstance(exc, RunnerError)
     assert (
-        subprocess.run([sys.executable, "-m", "parsl_bf.executor.runner"], env=_env("r")).returncode
+        subprocess.run(
+            [sys.executable, "-m", "parsl_bf.executor.runner"], env=pilot_env("r")
+        ).returncode
         == 2
     )
 
@@ -311,14 +214,6 @@ def test_runner_reports_what_cannot_travel_and_bad_input(tmp_path: Path) -> None
 
 def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie (a container's init may not reap the orphans it inherits)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
 
 
 def who_am_i(note: str) -> dict:
@@ -338,7 +233,7 @@ def sleep_noting(ready: str) -> None:
 def _plain(key: str, tmp_path: Path, func, *args, **kw) -> tuple[dict, Path]:
     src, out = tmp_path / f"{key}.in", tmp_path / f"{key}.app.out"
     src.write_bytes(pack_apply_message(func, args, {}))
-    return {**_launch(key, command(src, out), tmp_path, **kw), "warm": True}, out
+    return {**launch(key, command(src, out), tmp_path, **kw), "warm": True}, out
 
 
 @pytest.fixture
@@ -379,7 +274,7 @@ def test_a_plain_app_runs_forked_from_the_warm_host(warm_agent, tmp_path: Path) 
     server.send("pilot.1", {"op": "shutdown"})
     events.wait(PilotGone("pilot.1", "bye"))
     assert proc.wait(10) == 0
-    assert not _alive(seen["ppid"])  # no host outlives its agent
+    assert not alive(seen["ppid"])  # no host outlives its agent
 
 
 def test_a_killed_warm_host_is_replaced_and_its_app_lost(warm_agent, tmp_path: Path) -> None:
@@ -400,7 +295,7 @@ def test_a_killed_warm_host_is_replaced_and_its_app_lost(warm_agent, tmp_path: P
     # The agent killed outright: the kernel takes its host with it.
     proc.kill()
     proc.wait()
-    until(lambda: not _alive(new_host), 10, "the warm host outlived its agent")
+    until(lambda: not alive(new_host), 10, "the warm host outlived its agent")
 
 
 def test_a_warm_launch_that_cannot_start_is_reported(warm_agent, tmp_path: Path) -> None:

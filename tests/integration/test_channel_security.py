@@ -39,78 +39,12 @@ from parsl_bf.executor.channel import (
     read_secret,
     sign,
     verify,
-    write_secret,
 )
 
 from ..waiting import until
-from .test_agent import END, _env, _launch
+from .agents import END, alive, launch, pilot_env
 
-AGENT = [sys.executable, "-m", "parsl_bf.executor.agent"]
 UP = PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname())
-
-
-class Events:
-    """What a server reported, in order, with the monotonic time each arrived."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[float, object]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: object) -> None:
-        with self._lock:
-            self.items.append((time.monotonic(), event))
-
-    def of(self, kind: type) -> list:
-        with self._lock:
-            return [e for _, e in self.items if isinstance(e, kind)]
-
-    def timed(self, kind: type) -> list[tuple[float, object]]:
-        with self._lock:
-            return [(t, e) for t, e in self.items if isinstance(e, kind)]
-
-    def reasons(self) -> set[str]:
-        return {e.reason for e in self.of(Refused)}
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    write_secret(tmp_path / "secret")
-    return tmp_path / "secret"
-
-
-@pytest.fixture
-def serve(secret_file: Path) -> Iterator:
-    servers: list[PilotServer] = []
-
-    def start(**kw) -> tuple[PilotServer, Events]:
-        events = Events()
-        server = PilotServer(read_secret(secret_file), events, **kw)
-        server.start()
-        servers.append(server)
-        return server, events
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-@pytest.fixture
-def agent(tmp_path: Path, secret_file: Path) -> Iterator:
-    """``agent(url, *args) -> Popen``, its stderr in ``tmp_path / "agent.stderr"``."""
-    procs: list[subprocess.Popen] = []
-
-    def start(url: str, *args: str) -> subprocess.Popen:
-        argv = [*AGENT, "--url", url, "--secret-file", str(secret_file), "--heartbeat-s", "0.2"]
-        with open(tmp_path / "agent.stderr", "a") as err:
-            proc = subprocess.Popen([*argv, *args], env=_env("pilot.1"), stderr=err)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -234,14 +168,14 @@ def _record_a_session(serve, agent, secret: bytes, tmp_path: Path, **kw):
     proc = agent(relay.url)
     until(lambda: UP in events.of(PilotUp), 30, "no PilotUp")
     marker = tmp_path / "ran"
-    server.send("pilot.1", _launch("job", ["sh", "-c", f"echo ran >> {marker}"], tmp_path))
+    server.send("pilot.1", launch("job", ["sh", "-c", f"echo ran >> {marker}"], tmp_path))
     until(lambda: ProcessExited("pilot.1", "job", 0) in events.of(ProcessExited), 30)
     until(lambda: relay.ops(secret, "down").count("ping") >= 2, 60, "no pings")
     until(lambda: relay.ops(secret, "up").count("heartbeat") >= 3, 60, "no heartbeats")
     return server, events, proc, relay, marker
 
 
-def test_a_replayed_capture_registers_nothing_keeps_nothing_alive(
+def test_a_replayed_capture_registers_nothing_keeps_nothingalive(
     serve, agent, secret_file: Path, tmp_path: Path, ctx: zmq.Context
 ) -> None:
     secret = read_secret(secret_file)
@@ -274,7 +208,7 @@ def test_a_replayed_capture_registers_nothing_keeps_nothing_alive(
     assert marker.read_text() == "ran\n"
 
 
-def test_an_agent_refuses_a_recorded_welcome_and_launch(
+def test_an_agent_refuses_a_recorded_welcome_andlaunch(
     serve, agent, secret_file: Path, tmp_path: Path, ctx: zmq.Context
 ) -> None:
     secret = read_secret(secret_file)
@@ -290,7 +224,7 @@ def test_an_agent_refuses_a_recorded_welcome_and_launch(
     fake.curve_secretkey, fake.curve_publickey = keys.server_secret, keys.server_public
     fake.curve_server = True
     url = f"tcp://127.0.0.1:{fake.bind_to_random_port('tcp://127.0.0.1')}"
-    fresh = agent(url, "--welcome-timeout-s", "60")
+    fresh = agent(url, "pilot.1", "--welcome-timeout-s", "60")
     assert fake.poll(30_000), "no register"
     who, *frames = fake.recv_multipart()
     register = verify(secret, frames)
@@ -307,7 +241,7 @@ def test_an_agent_refuses_a_recorded_welcome_and_launch(
     fake.send_multipart([who, *recorded["launch"]])
     fake.send_multipart([who, *session.seal({"op": "shutdown"})])
     assert fresh.wait(30) == 0
-    err = (tmp_path / "agent.stderr").read_text()
+    err = (tmp_path / "pilot.1.stderr").read_text()
     assert "refused message from the server: welcome of another session" in err
     assert not marker.exists()  # the recorded launch ran nothing
     assert err.count("launched job") == 1  # the first agent's, in the recorded session
@@ -422,7 +356,7 @@ def test_a_sniffer_in_the_middle_sees_no_argv_or_environment(
         cmd = f'echo {argv_marker} "$PARSL_BF_TEST_TOKEN"'
         server.send(
             "pilot.1",
-            _launch("job", ["sh", "-c", cmd], tmp_path, env={"PARSL_BF_TEST_TOKEN": env_marker}),
+            launch("job", ["sh", "-c", cmd], tmp_path, env={"PARSL_BF_TEST_TOKEN": env_marker}),
         )
         until(lambda: events.of(ProcessExited), 30, "no exit")
         assert (tmp_path / "job.out").read_text() == f"{argv_marker} {env_marker}\n"
@@ -458,15 +392,6 @@ while True:
 """
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, waiting for a parent that may never reap it, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _pids(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
@@ -488,13 +413,13 @@ def test_a_killed_driver_leaves_no_agent_or_rank_alive(
         "rank1": f"trap '' TERM; sleep 300 & echo $! > {d}/rank1.child; echo $$ > {d}/rank1.pid; "
         "while :; do sleep 0.1; done",
     }
-    launches = [_launch(key, ["sh", "-c", script], d) for key, script in ranks.items()]
+    launches = [launch(key, ["sh", "-c", script], d) for key, script in ranks.items()]
     files = [d / f"{key}.{kind}" for key in ranks for kind in ("pid", "child")]
     url_file = d / "url"
     with open(d / "driver.stderr", "w") as err:
         driver = subprocess.Popen(
             [sys.executable, "-c", DRIVER, str(secret_file), str(url_file), json.dumps(launches)],
-            env=_env("driver"),
+            env=pilot_env("driver"),
             stderr=err,
         )
     try:
@@ -502,20 +427,20 @@ def test_a_killed_driver_leaves_no_agent_or_rank_alive(
         proc = agent(url_file.read_text())
         until(lambda: all(_pids(f) for f in files), 60, "the ranks did not start")
         pids = [proc.pid, *(_pids(f) for f in files)]
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        until(lambda: proc.poll() is not None and not any(_alive(p) for p in pids), 120)
+        until(lambda: proc.poll() is not None and not any(alive(p) for p in pids), 120)
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait()
         for f in files:  # whatever is left of the ranks, should the test fail
             pid = _pids(f)
-            if pid and _alive(pid):
+            if pid and alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 4
-    err = (d / "agent.stderr").read_text()
+    err = (d / "pilot.1.stderr").read_text()
     silent = err.index("driver silent")
     assert (
         silent

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from parsl_bf.allocation import AllocationProblem, TaskSpec, solve_exact
 from parsl_bf.replay.jobsets import Job
 from parsl_bf.replay.policies import equal_share, greedy, make_policy
 from parsl_bf.replay.simulator import ReplayConfig, replay
-from parsl_bf.replay.trace import IdleTrace
 
-
-def _trace(initial, changes, end_s):
-    """``changes``: (t, node, idle) triples."""
-    t, node, idle = zip(*changes, strict=True) if changes else ((), (), ())
-    return IdleTrace(
-        tuple(f"n{i}" for i in range(len(initial))),
-        np.array(initial, dtype=bool),
-        np.array(t, dtype=np.int64),
-        np.array(node, dtype=np.int64),
-        np.array(idle, dtype=bool),
-        end_s,
-    )
+from ..traces import idle_trace
 
 
 def _job(jid="a", work=1e9, submit=0.0, up=10.0, down=5.0, max_nodes=4):
@@ -43,7 +30,7 @@ def _job(jid="a", work=1e9, submit=0.0, up=10.0, down=5.0, max_nodes=4):
 
 def test_progress_rescale_and_preemption_charges() -> None:
     # Two idle nodes from t=0; node 1 is taken back at t=100; the window ends at t=300.
-    trace = _trace([True, True], [(100, 1, False)], 300)
+    trace = idle_trace([True, True], [(100, 1, False)], 300)
     result = replay(trace, [_job()], make_policy("exact"), ReplayConfig(tfwd=1000))
     s = result.summary
     # t=0: starts on 2 nodes (rate 200; starting from 0 costs R_up·P(0) = 0).
@@ -60,7 +47,7 @@ def test_progress_rescale_and_preemption_charges() -> None:
 
 def test_charge_starts_charges_a_start_from_zero_at_the_new_rate() -> None:
     # The first test's trace, with starts charged: t=0 starts on 2 nodes, R_up·P(2) = 2,000.
-    trace = _trace([True, True], [(100, 1, False)], 300)
+    trace = idle_trace([True, True], [(100, 1, False)], 300)
     config = ReplayConfig(tfwd=1000, charge_starts=True)
     s = replay(trace, [_job()], make_policy("exact"), config).summary
     assert s["samples"] == pytest.approx(20_000 - 2_000 - 1_000 + 20_000)
@@ -69,7 +56,7 @@ def test_charge_starts_charges_a_start_from_zero_at_the_new_rate() -> None:
 
 def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work() -> None:
     # One node idle, a second joins at t=50; the job's work ends it at the t=400 event.
-    trace = _trace([True, False], [(50, 1, True), (400, 0, False)], 1000)
+    trace = idle_trace([True, False], [(50, 1, True), (400, 0, False)], 1000)
     job = _job(work=5_000 + 30_000, up=10.0)
     result = replay(trace, [job], make_policy("milp"), ReplayConfig(tfwd=1000))
     s = result.summary
@@ -83,7 +70,7 @@ def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work() -> N
 
 
 def test_fcfs_admission_respects_max_jobs() -> None:
-    trace = _trace([True] * 4, [(100, 0, False), (200, 0, True)], 400)
+    trace = idle_trace([True] * 4, [(100, 0, False), (200, 0, True)], 400)
     jobs = [_job(jid=f"j{i}", submit=10.0 * i, work=1e12) for i in range(3)]
     result = replay(trace, jobs, make_policy("milp"), ReplayConfig(tfwd=100, max_jobs=2))
     assert result.summary["jobs_admitted"] == 2
@@ -91,7 +78,7 @@ def test_fcfs_admission_respects_max_jobs() -> None:
 
 
 def test_empty_window_is_an_error() -> None:
-    trace = _trace([True], [], 100)
+    trace = idle_trace([True], [], 100)
     with pytest.raises(ValueError, match="empty window"):
         replay(trace, [_job()], equal_share, ReplayConfig(start_s=100))
 

@@ -28,21 +28,10 @@ from parsl_bf.replay.report import summary_table
 from parsl_bf.replay.simulator import ReplayConfig, replay
 from parsl_bf.replay.trace import IdleTrace, load_trace
 
+from ..traces import idle_trace
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 SLACK = 1e-6  # GLPK's tolerances, with room
-
-
-def _trace(initial, changes, end_s):
-    """``changes``: (t, node, idle) triples."""
-    t, node, idle = zip(*changes, strict=True) if changes else ((), (), ())
-    return IdleTrace(
-        tuple(f"n{i}" for i in range(len(initial))),
-        np.array(initial, dtype=bool),
-        np.array(t, dtype=np.int64),
-        np.array(node, dtype=np.int64),
-        np.array(idle, dtype=bool),
-        end_s,
-    )
 
 
 def _job(jid, nodes, throughput, work=1e12, submit=0.0, min_nodes=1, max_nodes=None):
@@ -113,7 +102,7 @@ CONCAVE4 = ((0, 1, 2, 4), (0, 100, 180, 240))
 def test_one_job_on_four_nodes_runs_to_the_end() -> None:
     # Best: all 4 nodes all along, 240/s for 1000 s = 240,000 samples = 2,400 at P(1) = 100,
     # over 4 × 1000 idle node-seconds: 0.6.
-    trace = _trace([True] * 4, [], 1000)
+    trace = idle_trace([True] * 4, [], 1000)
     jobs = [_job("a", *CONCAVE4)]
     assert e_avail_bound(trace, jobs).value == pytest.approx(0.6)
     s = replay(trace, jobs, make_policy("milp"), ReplayConfig(tfwd=100)).summary
@@ -126,7 +115,7 @@ def test_a_job_that_finishes_early_is_divided_by_the_idle_time_up_to_its_end() -
     # 120,000 samples at 240/s take 500 s on the 4 nodes; a fifth node (no use: max 4) joins at
     # t = 500, the event at which the replay sees the job done. E_avail = 1,200 / (4 × 500).
     # No schedule finishes earlier, and finishing later only adds idle time: 0.6 is the optimum.
-    trace = _trace([True] * 4 + [False], [(500, 4, True)], 1000)
+    trace = idle_trace([True] * 4 + [False], [(500, 4, True)], 1000)
     jobs = [_job("a", *CONCAVE4, work=120_000, max_nodes=4)]
     bound = e_avail_bound(trace, jobs)
     assert bound.value == pytest.approx(0.6) and bound.finish_s == 500
@@ -138,7 +127,7 @@ def test_a_job_that_finishes_early_is_divided_by_the_idle_time_up_to_its_end() -
 def test_two_jobs_split_three_nodes_by_the_hull() -> None:
     # Slopes 100, 50, 30 per node: the best split of 3 nodes is (2, 1), 150 + 100 = 250/s:
     # 250,000 samples = 2,500 / 3,000 node-seconds.
-    trace = _trace([True] * 3, [], 1000)
+    trace = idle_trace([True] * 3, [], 1000)
     jobs = [_job(x, (0, 1, 2, 3), (0, 100, 150, 180)) for x in "ab"]
     assert e_avail_bound(trace, jobs).value == pytest.approx(2500 / 3000)
     for policy in (make_policy("milp"), equal_share):  # equal share: 1 each, the third to a
@@ -151,7 +140,7 @@ def test_a_job_counts_only_from_its_submission() -> None:
     # 0/1/2 nodes, max 2. [0, 400): a alone on 2 nodes, 150/s; [400, 1000): 2 + 1 nodes,
     # 250/s. (60,000 + 150,000) / 100 = 2,100 over 2 × 400 + 3 × 600 = 2,600 node-seconds.
     # (Were b free to start at 0, the bound would be 2,500 / 2,600.)
-    trace = _trace([True, True, False], [(400, 2, True)], 1000)
+    trace = idle_trace([True, True, False], [(400, 2, True)], 1000)
     jobs = [_job("a", (0, 1, 2), (0, 100, 150)), _job("b", (0, 1, 2), (0, 100, 150), submit=400)]
     assert e_avail_bound(trace, jobs).value == pytest.approx(2100 / 2600)
     s = replay(trace, jobs, make_policy("milp"), ReplayConfig(tfwd=100)).summary
@@ -160,7 +149,7 @@ def test_a_job_counts_only_from_its_submission() -> None:
 
 def test_superlinear_curves_can_pass_one_and_so_can_the_bound() -> None:
     # 2 nodes give 3× one node's rate: E_avail = 300 × 1000 / 100 / 2000 = 1.5, the ceiling.
-    trace = _trace([True, True], [], 1000)
+    trace = idle_trace([True, True], [], 1000)
     jobs = [_job("a", (0, 1, 2), (0, 100, 300))]
     s = replay(trace, jobs, make_policy("milp"), ReplayConfig(tfwd=100)).summary
     assert s["E_avail"] == pytest.approx(1.5)
@@ -291,8 +280,8 @@ def test_the_ratio_itself_can_fall_with_more_idle_nodes() -> None:
     # E_avail divides by every idle node-second, used or not: a one-node job reaches 1 on one
     # idle node, and at most 1/2 on two. So only the samples bound is monotone in capacity.
     job = [_job("a", (0, 1), (0, 100))]
-    one = e_avail_bound(_trace([True, False], [], 100), job).value
-    two = e_avail_bound(_trace([True, True], [], 100), job).value
+    one = e_avail_bound(idle_trace([True, False], [], 100), job).value
+    two = e_avail_bound(idle_trace([True, True], [], 100), job).value
     assert one == pytest.approx(1.0) and two == pytest.approx(0.5)
 
 
@@ -309,7 +298,7 @@ def test_the_bound_divides_by_the_replays_idle_node_seconds() -> None:
 
 
 def test_a_replay_above_its_bound_is_flagged_not_reported(monkeypatch) -> None:
-    trace = _trace([True] * 4, [], 1000)
+    trace = idle_trace([True] * 4, [], 1000)
     jobs = [_job("a", *CONCAVE4)]
     monkeypatch.setattr(
         simulator, "e_avail_bound", lambda *a, **k: Bound(0.3, 4000.0, None, solves=1)
@@ -322,10 +311,10 @@ def test_a_replay_above_its_bound_is_flagged_not_reported(monkeypatch) -> None:
 
 
 def test_bound_can_be_left_out_and_an_empty_window_has_none() -> None:
-    trace = _trace([True, False], [], 100)
+    trace = idle_trace([True, False], [], 100)
     s = replay(trace, [_job("a", (0, 1), (0, 100))], greedy, ReplayConfig(bound_buckets=0))
     assert s.summary["E_avail_bound"] is None and s.summary["E_avail_over_bound"] is None
-    nothing = e_avail_bound(_trace([False], [], 100), [_job("a", (0, 1), (0, 100))])
+    nothing = e_avail_bound(idle_trace([False], [], 100), [_job("a", (0, 1), (0, 100))])
     assert nothing.value is None and "no idle" in nothing.note
 
 
@@ -372,7 +361,7 @@ def _tiny(draw):
         charge_starts=draw(st.booleans()),
         bound_buckets=draw(st.sampled_from([2, 5, 240])),
     )
-    return _trace(initial, changes, end), jobs, config, draw(st.booleans())
+    return idle_trace(initial, changes, end), jobs, config, draw(st.booleans())
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
