@@ -96,9 +96,6 @@ ELASTIC_KEYS = frozenset(
     {"work", "min_nodes", "max_nodes", "scaling", "rescale_s", "task", "options", "name"}
 )
 
-# A warm successor not set up by then: stop its predecessor anyway (the successor takes over
-# from the checkpoint whenever it is ready).
-HANDOVER_TIMEOUT_S = 120.0
 # Deadlines, progress reports and ready files are looked at this often.
 TICK_S = 1.0
 
@@ -214,13 +211,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.mpiexec = mpiexec or MPIEXEC
         self.mpi_hosts, self.address = mpi_hosts, address
+        # The hand-over deadline is the controller's default.
         self.controller = Controller(
             self.allocator,
             max_tasks,
             2 * rescale_s if min_node_life_s is None else min_node_life_s,
             warm_rescale,
             walltime_notice_s,
-            HANDOVER_TIMEOUT_S,
             # Ranks blocked on a peer that died with its pilot: killed after this.
             stop_grace_s=max(30.0, 3 * heartbeat_timeout_s),
             max_restarts=max_restarts,
