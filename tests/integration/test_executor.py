@@ -72,15 +72,33 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
     def cube(x: int) -> int:
         return x**3
 
+    @python_app(executors=["bf"])
+    def gate(path: str) -> str:
+        import os
+        import time
+
+        while not os.path.exists(path):
+            time.sleep(0.2)
+        return "open"
+
+    def preempted() -> list:
+        return [p for p in provider.pilots.values() if p.reason == "preempted"]
+
+    opened = tmp_path / "open"
     with parsl.load(config):
+        # The gate holds a node (and so pilots) until 3 pilots have been preempted, however
+        # fast the trials train: the preemptions do not depend on the machine's speed.
+        held = gate(str(opened))
         trials = [train(lr=0.05, width=8, global_batch=BATCH, seed=i) for i in range(6)]
         plain = [cube(i) for i in range(20)]
+        until(lambda: len(preempted()) >= 3, 600, "fewer than 3 pilots preempted")
+        opened.touch()
+        assert held.result(timeout=900) == "open"
         assert [f.result(timeout=900) for f in plain] == [i**3 for i in range(20)]
         outcomes = [f.result(timeout=900) for f in trials]
     assert all(o["status"] == "done" and o["samples"] == 4000 for o in outcomes)
     assert all(o["metrics"]["accuracy"] > 0.5 for o in outcomes)
-    preempted = [p for p in provider.pilots.values() if p.reason == "preempted"]
-    assert len(preempted) >= 3 and executor.preemptions >= 3
+    assert len(preempted()) >= 3 and executor.preemptions >= 3
     for task in executor.controller.elastic:
         reports = read_reports(TaskDir.of(executor.directory, task).progress)
         assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(reports))
