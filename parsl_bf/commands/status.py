@@ -44,6 +44,8 @@ def _head_table(snapshot: dict[str, Any]) -> Any:
         rows.append(("plain tasks", " ".join(f"{k} {v}" for k, v in snapshot["plain"].items())))
     if "failed_blocks" in snapshot:
         rows.append(("failed blocks", snapshot["failed_blocks"]))
+    if snapshot.get("backoff_s_left"):  # the error handler holds new pilots after failures
+        rows.append(("next pilot in", f"{snapshot['backoff_s_left']} s (back-off)"))
     for key, value in rows:
         head.add_row(key, str(value))
     return head

@@ -13,7 +13,8 @@ state the executor reports. Real failed starts (the provider could not submit, t
 on its own without serving, a bad ``worker_init``) are printed on the console as they happen,
 recorded for ``parsl-bf status``, and after ``threshold`` of them in a row the executor is put
 in Parsl's bad state: it stops asking for pilots and fails its outstanding tasks with the
-pilots' errors.
+pilots' errors. Between failed starts a BackfillExecutor waits, longer after each one
+(:func:`backoff_delay`), instead of submitting the next pilot on Parsl's next poll.
 
 :class:`PreemptionRetries` is a ``retry_handler`` that charges nothing for a task lost with a
 pilot that the scheduler took back while the task ran, so preemptions do not use up its
@@ -44,10 +45,13 @@ __all__ = [
     "BackfillErrorHandler",
     "BlockRecord",
     "PreemptionRetries",
+    "backoff_delay",
     "block_outcome",
     "ended_unserved_in_a_row",
     "failed_in_a_row",
     "free_retry",
+    "hold_deadline",
+    "trailing_failures",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,8 @@ class BlockRecord:
     outcome: str
     reason: str = ""
     message: str = ""
+    #: When the handler first saw the block failed (epoch seconds); None unless it failed.
+    failed_at: float | None = None
 
 
 def _message(status: JobStatus) -> str:
@@ -110,12 +116,43 @@ class BackfillErrorHandler:
     console : bool
         Print each failed block on stderr as it is seen (Parsl's own log is in the run
         directory, where a user looking at a silent run does not look).
+    backoff_s : float
+        After a failed block, how long new pilots are held (from when the failure was seen),
+        so that a broken setup (a bad ``worker_init``, a full disk) does not start failing
+        pilots back to back; the hold doubles with each further failure in a row (counted as
+        for ``threshold``) and an ok block ends it. 0: no hold.
+    max_backoff_s : float
+        The longest hold.
+
+    Notes
+    -----
+    The handler only computes the hold (:attr:`hold_until`, :meth:`holding`); the executor
+    honours it. A :class:`~parsl_bf.executor.BackfillExecutor` submits no pilot while it
+    holds. Parsl offers no hook for its own executors to wait between blocks (the scaling
+    strategy calls ``scale_out_facade`` on every poll), so a stock HighThroughputExecutor with
+    this handler still resubmits at once: there the ``threshold`` alone bounds the failed
+    starts.
     """
 
-    def __init__(self, threshold: int = 3, console: bool = True) -> None:
+    def __init__(
+        self,
+        threshold: int = 3,
+        console: bool = True,
+        backoff_s: float = 2.0,
+        max_backoff_s: float = 60.0,
+    ) -> None:
         if threshold < 1:
             raise ValueError(f"threshold must be at least 1 (got {threshold})")
+        if not (0 <= backoff_s < math.inf and 0 <= max_backoff_s < math.inf):
+            raise ValueError(
+                f"backoff_s and max_backoff_s must be finite and >= 0 "
+                f"(got {backoff_s}, {max_backoff_s})"
+            )
         self.threshold, self.console = threshold, console
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        #: Until when (epoch seconds) new pilots are held after the latest failures in a row;
+        #: 0 when the last block that counts was ok (or there is none yet). May be past.
+        self.hold_until: float = 0.0
         #: Every block seen, by block id, as of the last poll.
         self.blocks: dict[str, BlockRecord] = {}
         #: Failed blocks already reported (each is printed once).
@@ -123,7 +160,12 @@ class BackfillErrorHandler:
         self._written: str | None = None  # the last status file content, not rewritten unchanged
         self._warned_unserved = False
 
-    def __call__(self, executor: Any, status: dict[str, JobStatus]) -> None:
+    def __call__(
+        self, executor: Any, status: dict[str, JobStatus], now: float | None = None
+    ) -> None:
+        """One poll's block states (Parsl passes ``executor`` and ``status``; ``now``, epoch
+        seconds, defaults to the clock)."""
+        now = time.time() if now is None else now
         provider = getattr(executor, "provider", None)
         pilots: dict[str, Pilot] = getattr(provider, "pilots", None) or {}
         for block_id in sorted(status, key=_block_order):
@@ -131,6 +173,11 @@ class BackfillErrorHandler:
             job_id = executor.blocks_to_job_id.get(block_id)
             pilot = pilots.get(job_id) if job_id is not None else None
             outcome = block_outcome(js.state, pilot)
+            previous = self.blocks.get(block_id)
+            failed_at = None
+            if outcome == "failed":  # the hold runs from when the failure was first seen
+                kept = previous.failed_at if previous is not None else None
+                failed_at = now if kept is None else kept
             record = BlockRecord(
                 block_id,
                 None if job_id is None else str(job_id),
@@ -138,6 +185,7 @@ class BackfillErrorHandler:
                 outcome,
                 pilot.reason if pilot is not None else "",
                 _message(js) if outcome == "failed" else "",
+                failed_at,
             )
             self.blocks[block_id] = record
             if outcome == "failed" and block_id not in self._reported:
@@ -153,6 +201,7 @@ class BackfillErrorHandler:
         if not getattr(executor, "writes_status", False):
             self._write_status(executor, pilots)
         ordered = sorted(self.blocks.values(), key=lambda r: _block_order(r.block))
+        self.hold_until = hold_deadline(ordered, self.backoff_s, self.max_backoff_s)
         unserved = ended_unserved_in_a_row(ordered)
         if unserved >= UNSERVED_WARNING and not self._warned_unserved:
             self._warned_unserved = True
@@ -169,6 +218,12 @@ class BackfillErrorHandler:
             if self.console:
                 print(f"parsl-bf: executor {executor.label}: {error}", file=sys.stderr)
             executor.set_bad_state_and_fail_all(error)
+
+    def holding(self, now: float | None = None) -> float:
+        """Seconds left (0 when none) before the executor may submit the next pilot; ``now``,
+        epoch seconds, defaults to the clock."""
+        now = time.time() if now is None else now
+        return max(0.0, self.hold_until - now)
 
     def error(self, failed: list[BlockRecord]) -> TooManyJobFailuresError:
         """The exception the outstanding tasks fail with: every failed block's error."""
@@ -193,6 +248,7 @@ class BackfillErrorHandler:
             ],
             "preemptions": sum(1 for p in list(pilots.values()) if p.reason == "preempted"),
             "failed_blocks": sum(1 for r in self.blocks.values() if r.outcome == "failed"),
+            "backoff_s_left": round(self.holding(now), 1),
         }
 
     def _write_status(self, executor: Any, pilots: dict[str, Pilot]) -> None:
@@ -202,6 +258,8 @@ class BackfillErrorHandler:
             return
         state = {"label": executor.label, "kind": type(executor).__name__}
         state |= self.summary(pilots)
+        # The executors whose status this handler writes (Parsl's own) do not wait for the hold.
+        del state["backoff_s_left"]
         text = json.dumps(state, sort_keys=True)
         if text == self._written:
             return
@@ -226,6 +284,40 @@ def failed_in_a_row(blocks: list[BlockRecord], threshold: int) -> list[BlockReco
     if len(recent) == threshold and all(r.outcome == "failed" for r in recent):
         return recent
     return []
+
+
+def trailing_failures(blocks: list[BlockRecord]) -> list[BlockRecord]:
+    """The failed blocks at the end of ``blocks`` (in submission order) among those that
+    succeeded or failed; an ok block ends the run. Blocks not ended yet and blocks the
+    scheduler or scale-in ended count neither way, as for :func:`failed_in_a_row`."""
+    run: list[BlockRecord] = []
+    for r in reversed(blocks):
+        if r.outcome == "ok":
+            break
+        if r.outcome == "failed":
+            run.append(r)
+    return run[::-1]
+
+
+def backoff_delay(failures: int, backoff_s: float, max_backoff_s: float) -> float:
+    """How long new pilots are held after ``failures`` failed blocks in a row: 0 for none,
+    then ``backoff_s`` doubled with each further failure, at most ``max_backoff_s``."""
+    if failures <= 0:
+        return 0.0
+    # The exponent is capped so that a long run of failures cannot overflow the float.
+    return min(backoff_s * 2.0 ** min(failures - 1, 64), max_backoff_s)
+
+
+def hold_deadline(blocks: list[BlockRecord], backoff_s: float, max_backoff_s: float) -> float:
+    """Until when (epoch seconds) new pilots are held: from when the latest of the failures
+    in a row was first seen (``failed_at``; the last one submitted, unless blocks that were
+    starting together fail out of order), :func:`backoff_delay` of how many there are; 0 when
+    there are none."""
+    run = trailing_failures(blocks)
+    seen = [r.failed_at for r in run if r.failed_at is not None]
+    if not seen:
+        return 0.0
+    return max(seen) + backoff_delay(len(run), backoff_s, max_backoff_s)
 
 
 #: Pilots preempted before their workers connected, in a row, that make the handler warn: such

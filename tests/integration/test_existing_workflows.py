@@ -151,14 +151,17 @@ def test_backfill_executor_fails_its_tasks_when_pilots_cannot_start(tmp_path, mo
     from parsl.jobs.errors import TooManyJobFailuresError
 
     from parsl_bf.executor import BackfillExecutor
-    from parsl_bf.providers import LocalBackfillProvider
+    from parsl_bf.providers import BackfillErrorHandler, LocalBackfillProvider
+    from parsl_bf.providers.handlers import hold_deadline
 
     monkeypatch.chdir(tmp_path)
     provider = LocalBackfillProvider(
         nodes=2, time_scale=1, idle_s=3600, busy_s=60, min_walltime="00:00:10",
         worker_init="echo no agent here >&2; exit 3", init_blocks=1, max_blocks=1,
     )  # fmt: skip
-    executor = BackfillExecutor(label="bf", provider=provider)
+    # A short back-off keeps the test quick; the strategy asks for a pilot every second.
+    handler = BackfillErrorHandler(backoff_s=0.5, max_backoff_s=5.0)
+    executor = BackfillExecutor(label="bf", provider=provider, block_error_handler=handler)
     config = Config(executors=[executor], run_dir=str(tmp_path / "runinfo"), strategy_period=1)
     with parsl.load(config):
         future = square(2)
@@ -169,6 +172,28 @@ def test_backfill_executor_fails_its_tasks_when_pilots_cannot_start(tmp_path, mo
             square(3).result(timeout=HANG_S)
         # `parsl-bf status` shows the failed starts (the executor rewrites it every second).
         until(lambda: _status(tmp_path / "runinfo", "bf").get("failed_blocks", 0) >= 3, HANG_S)
+    # Bounded: the threshold, plus at most the blocks that were already starting.
+    assert handler.threshold <= len(provider.pilots) <= handler.threshold + provider.max_blocks
+    # Backed off: each pilot was submitted, in order, only once the hold that the failures
+    # before it set had run out (the event log's times are rounded to the millisecond).
+    events = _events(tmp_path / "runinfo", "bf")
+    submitted = [(e["t"], int(b)) for e in events if e["event"] == "blocks_submitted"
+                 for b in e["blocks"]]  # fmt: skip
+    assert [b for _, b in submitted] == list(range(len(provider.pilots)))
+    records = sorted(handler.blocks.values(), key=lambda r: int(r.block))
+    assert all(r.outcome == "failed" and r.failed_at is not None for r in records)
+    deadlines = []
+    for t, block in submitted[1:]:
+        deadline = round(hold_deadline(records[:block], 0.5, 5.0), 3)
+        assert t >= deadline, (block, t, deadline)
+        deadlines.append(deadline)
+    # The strategy asked for a pilot during a hold and got none: each refusal names a hold
+    # that the failures set, and the next submission came after it.
+    held = [e for e in events if e["event"] == "pilots_held"]
+    assert held
+    for h in held:
+        assert h["until"] in deadlines, (h, deadlines)
+        assert all(t >= h["until"] for t, _ in submitted if t >= h["t"])
 
 
 def test_mapreduce_on_slurm_finishes_while_main_jobs_preempt(slurm, tmp_path, monkeypatch) -> None:
@@ -206,6 +231,12 @@ def _running_pilots(provider) -> bool:
     from parsl.jobs.states import JobState
 
     return any(p.state is JobState.RUNNING for p in list(provider.pilots.values()))
+
+
+def _events(run_dir: Path, label: str) -> list[dict]:
+    """The executor's event log, in the order it was written."""
+    path = next(run_dir.glob(f"*/{label}/events.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _status(run_dir: Path, label: str) -> dict:
