@@ -23,6 +23,11 @@ signalled by key, their exit reported. A host that dies is replaced, and the app
 reported as exited with -9 (lost: the executor runs a plain app again when it left no outcome);
 one that never forked (it cannot start here) is not, and plain apps run as subprocesses.
 
+Fragments' ranks (a ``launch`` with ``"ranks"``) start on standby ranks of the agent's
+:class:`~parsl_bf.executor.ranks.RankPool` (kept once the executor says ``warm_ranks``: there
+is training to do), each rank its own ``mpiexec -n 1``, cold when no standby is ready; the
+ranks of one launch are one process to the executor (:class:`~parsl_bf.executor.ranks.RankGroup`).
+
 Exit codes: 0 done (shutdown, preemption, pilot script gone), 2 bad arguments or secret file,
 3 no ``welcome`` from the server (wrong secret or URL), 4 the driver fell silent.
 """
@@ -48,6 +53,7 @@ import zmq
 from .. import environment
 from . import runner
 from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
+from .ranks import RANKS_KEY, RankGroup, RankPool, launch_ranks
 
 __all__ = ["Agent", "Identity", "main"]
 
@@ -206,8 +212,9 @@ class Agent:
         self.heartbeat_s, self.welcome_timeout_s = heartbeat_s, welcome_timeout_s
         self.session = AgentSession(secret)
         self.refusals = RefusalLog(lambda refused: None, log)  # rate-limited log lines only
-        self.procs: dict[str, subprocess.Popen | WarmProc] = {}
+        self.procs: dict[str, subprocess.Popen | WarmProc | RankGroup] = {}
         self.host: WarmHost | None = None  # forks plain apps; None: they run as subprocesses
+        self.pool: RankPool | None = None  # standby ranks, once the executor asks for them
         self._poller: zmq.Poller | None = None
         self._signals: list[int] = []
         self._welcomed = False
@@ -265,6 +272,8 @@ class Agent:
             self._launch(msg)
         elif op == "signal":
             self._signal_one(str(msg["key"]), str(msg["signal"]))
+        elif op == "warm_ranks":
+            self._start_pool(int(msg["size"]), str(msg["mpiexec"]))
         elif op == "shutdown":
             log.info("shutdown requested")
             self._leave("shutdown", kill_after=SHUTDOWN_GRACE_S)
@@ -287,6 +296,16 @@ class Agent:
         try:
             argv = [str(a) for a in msg["argv"]]
             extra = {str(k): str(v) for k, v in (msg.get("env") or {}).items()}
+            if RANKS_KEY in msg:
+                if self.pool is not None:
+                    self.pool.serve()  # standbys that became ready since the loop's last turn
+                group = launch_ranks(
+                    key, msg[RANKS_KEY], argv, extra, msg.get("cwd"), stdout, stderr,
+                    self.pool, self.identity.host, _output,
+                )  # fmt: skip
+                self.procs[key] = group
+                log.info("launched %s: %d rank(s), %d warm", key, len(group.procs), group.warm)
+                return
             args = runner.command_args(argv) if msg.get("warm") else None
             if args is not None and self.host is not None:
                 warm = self._launch_warm(key, args, extra, msg.get("cwd"), stdout, stderr)
@@ -346,6 +365,22 @@ class Agent:
         if self._poller is not None:
             self._poller.register(self.host.sock, zmq.POLLIN)
 
+    def _start_pool(self, size: int, mpiexec: str) -> None:
+        if self.pool is not None or self._ending is not None or size < 1:
+            return
+        try:
+            self.pool = RankPool(size, mpiexec)
+        except OSError as exc:
+            log.warning("no standby ranks (%s): fragment ranks start cold", exc)
+            return
+        self.pool.fill()
+        log.info("standby ranks: %d starting", size)
+
+    def _close_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
     def _serve_host(self) -> None:
         if self.host is None or self.host.read():
             return
@@ -393,7 +428,8 @@ class Agent:
             code = proc.poll()
             if code is None:
                 continue
-            # Leftovers in its group die with it, as processes of a batch job do.
+            # Leftovers in its group die with it, as processes of a batch job do (a rank
+            # group's poll() saw to its own).
             if proc.pid is not None:
                 _killpg(proc.pid, signal.SIGKILL)
             del self.procs[key]
@@ -407,6 +443,7 @@ class Agent:
         if self._ending is None:
             self._ending, self._exit_code = why, code
             self._signal_all(signal.SIGTERM)
+            self._close_pool()
         if kill_after is not None and self._kill_at is None:
             self._kill_at = time.monotonic() + kill_after
 
@@ -433,6 +470,7 @@ class Agent:
         )
         if self._ending is None:  # else leaving already (preempted, shut down): TERMed, and 0
             self._signal_all(signal.SIGTERM)
+            self._close_pool()
             self._ending, self._exit_code = "driver silent", EXIT_LOST
         kill_at = now + LOST_GRACE_S
         self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
@@ -464,6 +502,7 @@ class Agent:
         finally:
             if self.host is not None:
                 self.host.close()
+            self._close_pool()
             signal.set_wakeup_fd(old_wakeup)
             self.refusals.flush(force=True)
             # The last messages (exits, bye) still go out; to a silent driver, nothing would.
@@ -479,7 +518,9 @@ class Agent:
         log.info("registering with %s: nodes %s", self.url, ",".join(i.nodes))
         started = self._last_heard = self._loop_at = time.monotonic()
         while True:
-            ready = dict(poller.poll(timeout=200))
+            # A rank waiting for a standby that is still starting: look for it often.
+            waiting = self.pool is not None and self.pool.waiting
+            ready = dict(poller.poll(timeout=5 if waiting else 200))
             turn = time.monotonic()
             if turn - self._loop_at > 2.0:
                 # We stalled (a busy node, a suspended job): the driver's silence counts only
@@ -499,6 +540,8 @@ class Agent:
                 if signum != signal.SIGCHLD:
                     self._preempted(signal.Signals(signum).name.removeprefix("SIG"))
             self._reap()
+            if self.pool is not None:
+                self.pool.serve()
             now = time.monotonic()
             if not self._welcomed and now - started > self.welcome_timeout_s:
                 print(
@@ -542,9 +585,11 @@ def _output(path: str | None):
         yield f
 
 
-def _signal(proc: subprocess.Popen | WarmProc, sig: int) -> None:
+def _signal(proc: subprocess.Popen | WarmProc | RankGroup, sig: int) -> None:
     """Signal a process's group; a warm app's as soon as the host says which it is."""
-    if proc.pid is None:
+    if isinstance(proc, RankGroup):
+        proc.signal(sig)
+    elif proc.pid is None:
         assert isinstance(proc, WarmProc)
         proc.pending.append(sig)
     else:

@@ -41,7 +41,12 @@ and is told, through :meth:`PilotServer.send`:
     ``"warm": true`` (plain apps) says that ``argv`` is
     :func:`parsl_bf.executor.runner.command`: the agent may fork it from its warm host
     (:mod:`parsl_bf.executor.warmhost`) instead, a process all the same to the executor (its
-    own session, signalled by key, ``exited`` with its code; -9 if the host died under it)
+    own session, signalled by key, ``exited`` with its code; -9 if the host died under it).
+    With ``"ranks": {first, count, of, mpiexec, hosts?}`` (a fragment's ranks), ``argv`` is one
+    rank's worker command and the agent starts ``count`` ranks, each on a standby rank or as
+    ``mpiexec -n 1`` (:mod:`parsl_bf.executor.ranks`): one process to the executor
+``warm_ranks`` {size, mpiexec}
+    keep ``size`` standby ranks from now on (there is training to do)
 ``signal`` {key, signal}
     signal that process's whole group: ``"TERM"``, ``"KILL"`` or ``"USR1"``
 ``shutdown`` {}

@@ -85,6 +85,7 @@ from .lifecycle import (
     parse_key,
     plain_key,
 )
+from .ranks import RANKS_KEY
 from .runner import RunnerError, read_outcome
 
 __all__ = ["BackfillExecutor", "FragmentFailed", "ELASTIC_KEYS"]
@@ -147,6 +148,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         A pilot this close to its end is treated as leaving: its fragments checkpoint and stop.
     rescale_s : float
         Guess of a rescale's cost until one is measured.
+    warm_ranks : bool
+        Once there is training to do, each pilot's agent keeps one standby rank per node
+        (:mod:`parsl_bf.training.standby`: torch imported, MPI up, first optimizer step done)
+        and fragments start on them instead of starting processes: a start, a restart and a
+        rescale skip the seconds of a rank's start-up. Every rank of a fragment is then an MPI
+        job of its own, joined to the others by the rendezvous. False: one ``mpiexec`` per
+        pilot, started at the decision.
     warm_rescale : bool
         Start a rescaled fragment's successor while the fragment still trains, and stop the
         fragment once the successor has imported and built its model (when the nodes the
@@ -185,6 +193,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         walltime_notice_s: float = 5.0,
         rescale_s: float = 10.0,
         warm_rescale: bool = True,
+        warm_ranks: bool = True,
         heartbeat_timeout_s: float = 15.0,
         mpiexec: str | None = None,
         mpi_hosts: bool = False,
@@ -207,7 +216,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.checkpoint_dir, self.max_restarts = checkpoint_dir, max_restarts
         self.min_node_life_s = min_node_life_s
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
-        self.warm_rescale = warm_rescale
+        self.warm_rescale, self.warm_ranks = warm_rescale, warm_ranks
+        self._warmed: set[str] = set()  # pilots asked for standby ranks
+        self._training = False  # an elastic task was submitted: standbys are worth their cost
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.mpiexec = mpiexec or MPIEXEC
         self.mpi_hosts, self.address = mpi_hosts, address
@@ -284,6 +295,27 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         """Nodes the tasks could use: Parsl's scaling asks for pilots while this is positive."""
         with self._lock:
             return self.controller.outstanding_nodes()
+
+    def scale_out_facade(self, n: int) -> list[str]:
+        """Submit ``n`` pilots (Parsl's strategy calls this), unless the error handler holds
+        new pilots after failed starts (``BackfillErrorHandler.holding``): then none, and the
+        strategy asks again on a later poll."""
+        handler = self.block_error_handler
+        holding = getattr(handler, "holding", None)
+        now = time.time()
+        left = holding(now) if n > 0 and callable(holding) else 0.0
+        if left > 0:
+            until = getattr(handler, "hold_until", now + left)
+            if getattr(self, "_held_until", None) != until:  # the strategy asks every poll
+                self._held_until = until
+                log.info("%s: pilots failed to start; next pilot in %.1f s", self.label, left)
+                if self.event_log is not None:
+                    self.event_log.emit("pilots_held", until=round(until, 3), wanted=n)
+            return []
+        blocks = super().scale_out_facade(n)
+        if blocks and self.event_log is not None:
+            self.event_log.emit("blocks_submitted", blocks=blocks)
+        return blocks
 
     def set_bad_state_and_fail_all(self, exception: Exception) -> None:
         """Parsl's bad state (pilots cannot start): fail every task not done yet, too. Our
@@ -416,6 +448,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             found = self._events_of(item)
             events += found
             causes += [c for c in map(_cause, found) if c and c not in causes]
+        self._warm(events)
         now = time.time()
         with self._lock:
             solves = self.controller.solves
@@ -442,6 +475,23 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         ):
             with self._lock:
                 self._write_status()
+
+    def _warm(self, events: list[Event]) -> None:
+        """Ask pilots for standby ranks (one per node), from the first elastic task on."""
+        if not self.warm_ranks or self.server is None:
+            return
+        first = not self._training and any(
+            isinstance(e, TaskSubmitted) and isinstance(e.task, ElasticTask) for e in events
+        )
+        self._training = self._training or first
+        if not self._training or not (first or any(isinstance(e, PilotUp) for e in events)):
+            return
+        for pilot, up in self.server.pilots.items():
+            if pilot not in self._warmed:
+                self._warmed.add(pilot)
+                self._send(
+                    pilot, {"op": "warm_ranks", "size": len(up.nodes), "mpiexec": self.mpiexec}
+                )
 
     def _events_of(self, item: object) -> list[Event]:
         """The lifecycle events of one arrival, with the files it left read now."""
@@ -582,13 +632,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         d = self._submissions[start.task].directory
         d.fragment(start.generation).mkdir(parents=True, exist_ok=True)
         groups = len(start.placement)
+        ranks = sum(len(hosts) for _, hosts in start.placement)
+        first = 0
         for g, (pilot, hosts) in enumerate(start.placement):
             flags: dict[str, Any] = {
                 "checkpoint_every": self.checkpoint_every,
                 "report": d.progress,
                 "result": d.result(start.generation),
             }
-            if groups > 1:
+            if self.warm_ranks and ranks > 1:  # every rank its own group
+                flags["rendezvous"] = d.rendezvous(start.generation)
+            elif groups > 1:
                 flags |= {
                     "rendezvous": d.rendezvous(start.generation),
                     "group": g,
@@ -596,15 +650,24 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 }
             if start.after is not None:  # a warm successor: take over from that fragment
                 flags |= {"after": d.result(start.after), "ready": d.ready(start.generation)}
-            argv = mpiexec_argv(len(hosts), hosts if self.mpi_hosts else None, self.mpiexec)
-            argv += worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
+            argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
+            rank_spec = None
+            if self.warm_ranks:  # the agent starts each rank, on a standby if it has one
+                rank_spec = {"first": first, "count": len(hosts), "of": ranks}
+                rank_spec["mpiexec"] = self.mpiexec
+                if self.mpi_hosts:
+                    rank_spec["hosts"] = list(hosts)
+            else:
+                hosts_ = hosts if self.mpi_hosts else None
+                argv = mpiexec_argv(len(hosts), hosts_, self.mpiexec) + argv
+            first += len(hosts)
             env = {"PYTHONPATH": _pythonpath()}
             if self._emulated:
                 env[environment.THREADS_PER_RANK] = "1"
             self._launch(
                 pilot, fragment_key(start.task, start.generation, g), argv, env,
                 d.fragment(start.generation), d.stream(start.generation, g, "stdout"),
-                d.stream(start.generation, g, "stderr"),
+                d.stream(start.generation, g, "stderr"), ranks=rank_spec,
             )  # fmt: skip
         if start.after is not None:
             self._ready[(start.task, start.generation)] = d.ready(start.generation)
@@ -630,15 +693,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
 
     def _launch(
         self, pilot: str, key: str, argv: list[str], env: dict[str, str], cwd: Path, stdout: Path,
-        stderr: Path, warm: bool = False,
+        stderr: Path, warm: bool = False, ranks: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
-        """The channel's ``launch`` message."""
+        """The channel's ``launch`` message (``ranks``: a fragment's, :mod:`.ranks`)."""
         msg = {
             "op": "launch", "key": key, "argv": [str(a) for a in argv], "env": env,
             "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr),
         }  # fmt: skip
         if warm:
             msg["warm"] = True
+        if ranks is not None:
+            msg[RANKS_KEY] = ranks
         self._send(pilot, msg)
 
     def _write_status(self) -> None:
@@ -687,7 +752,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         if summary is None:
             return {}
         found = summary(getattr(self.provider, "pilots", None) or {})
-        return {"blocks": found["blocks"], "failed_blocks": found["failed_blocks"]}
+        keys = ("blocks", "failed_blocks", "backoff_s_left")  # the pilots are ours
+        return {k: found[k] for k in keys if k in found}
 
 
 def allocator_settings(value: AllocatorSettings | dict[str, Any] | None) -> AllocatorSettings:

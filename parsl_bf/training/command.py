@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MPIEXEC", "mpiexec_argv", "worker_argv"]
+__all__ = ["MPIEXEC", "WORKER_MODULE", "mpiexec_argv", "worker_argv"]
+
+#: The module a rank runs (``python -m``).
+WORKER_MODULE = "parsl_bf.training.worker"
 
 #: The MPI launcher next to this Python (the PyPI MPICH wheel's).
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
@@ -26,7 +29,7 @@ def worker_argv(
     """One rank's command: ``python -m parsl_bf.training.worker --task TASK --work WORK
     --checkpoint-dir DIR --options JSON`` and ``flags`` as ``--kebab-case VALUE`` (None: left
     out), e.g. ``report=…, result=…, checkpoint_every=20, after=…, stop_at=…``."""
-    argv = [sys.executable, "-m", "parsl_bf.training.worker", "--task", task]
+    argv = [sys.executable, "-m", WORKER_MODULE, "--task", task]
     argv += ["--options", json.dumps(options or {}), "--work", str(work)]
     argv += ["--checkpoint-dir", str(checkpoint_dir)]
     for key, value in flags.items():

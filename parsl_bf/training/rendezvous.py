@@ -2,7 +2,9 @@
 
 Groups 0..G-1 are independent MPI jobs (their own ``COMM_WORLD``). Group 0 opens an MPI port
 (``MPI.Open_port``) and publishes its name in the rendezvous directory; groups 1..G-1 connect
-in order (``Comm.Connect``), and after each connection the two sides merge
+in order (``Comm.Connect``), one at a time: group g connects once group g-1 has said it joined (a
+``joined.<g-1>`` file), since a port accepts whoever connects first and every member of the
+communicator so far must take part in each accept. After each connection the two sides merge
 (``Intercomm.Merge``) into one intracommunicator that accepts the next group. Ranks end up
 ordered by group, then by rank within the group. Needs an MPI with dynamic process support
 across jobs (MPICH's Hydra does; the port name is a TCP address, so groups may be on different
@@ -26,18 +28,16 @@ class RendezvousTimeout(TimeoutError):
 
 
 def _publish(path: Path, port: str) -> None:
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(port)
     os.replace(tmp, path)
 
 
-def _wait_for(path: Path, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
+def _wait_for(path: Path, deadline: float, what: str) -> None:
     while not path.exists():
         if time.monotonic() > deadline:
-            raise RendezvousTimeout(f"no port published at {path} after {timeout:.0f} s")
-        time.sleep(0.02)
-    return path.read_text()
+            raise RendezvousTimeout(f"{what}: no {path} after the rendezvous' timeout")
+        time.sleep(0.002)  # on the critical path of a fragment's start
 
 
 def join(directory: str | Path, group: int, groups: int, timeout: float = 60.0) -> MPI.Intracomm:
@@ -45,6 +45,7 @@ def join(directory: str | Path, group: int, groups: int, timeout: float = 60.0) 
     world = MPI.COMM_WORLD
     if groups == 1:
         return world.Dup()
+    deadline = time.monotonic() + timeout
     d = Path(directory)
     port_file = d / "port"
     if group == 0:
@@ -54,8 +55,15 @@ def join(directory: str | Path, group: int, groups: int, timeout: float = 60.0) 
             _publish(port_file, port)
         comm = world
     else:
-        port = _wait_for(port_file, timeout) if world.rank == 0 else None
+        port = None
+        if world.rank == 0:
+            _wait_for(port_file, deadline, f"group {group}")
+            if group > 1:  # our turn comes after the group before us
+                _wait_for(d / f"joined.{group - 1}", deadline, f"group {group}")
+            port = port_file.read_text()
         comm = world.Connect(port, root=0).Merge(high=True)
+        if world.rank == 0 and group < groups - 1:
+            _publish(d / f"joined.{group}", "")
     for _ in range(group + 1, groups):  # accept the groups after this one, together
         comm = comm.Accept(port if comm.rank == 0 else None, root=0).Merge(high=False)
     if group == 0 and world.rank == 0:

@@ -142,7 +142,9 @@ def _loop_outcome(loop: elastic.Session) -> TrainOutcome:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
+    """Run one rank; ``started_at``: when this rank's start began, if not at the process's
+    start (a warm standby that took the job then, :mod:`.standby`)."""
     ap = argparse.ArgumentParser(prog="parsl_bf.training.worker", description=__doc__)
     ap.add_argument(
         "--task", required=True, help="module:function returning a TrainingTask, or @FILE"
@@ -176,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "rescale at an exact step (tests, benchmarks)",
     )
     args = ap.parse_args(argv)
+    started = started_at if started_at is not None else _process_started_at()
 
     stop = {"asked": False}
 
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             should_stop=lambda: stop["asked"],
             before_load=before_load,
             stop_at=args.stop_at,
-            started_at=_process_started_at(),
+            started_at=started,
         ) as loop:
             try:
                 task = load_task(args.task, json.loads(args.options))
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_every=args.checkpoint_every,
                 reports=reports,
                 should_stop=lambda: stop["asked"],
-                started_at=_process_started_at(),
+                started_at=started,
                 before_load=before_load,
                 stop_at=args.stop_at,
             )

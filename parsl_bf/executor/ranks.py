@@ -1,0 +1,357 @@
+"""Warm ranks for a pilot's agent: standbys started ahead of need, and the ranks of one launch.
+
+A fragment's launch on a pilot (:data:`RANKS_KEY` in the ``launch`` message) names ``count``
+ranks, the ``first`` of which is rank ``first`` of the fragment's ``of``. Each rank is its own
+MPI job and its own rendezvous group (``--group first+i --groups of``), so that a rank can be a
+standby that was started before the decision (:mod:`parsl_bf.training.standby`) or, when none
+is ready, a cold ``mpiexec -n 1`` of the same command: the two mix freely. The agent sees the
+ranks of one launch as one process (:class:`RankGroup`), as it saw one ``mpiexec`` of them
+before: signalled together, exited once all have, with the first failure's code; when one rank
+fails the others are killed (what ``mpiexec`` does to a world that lost a rank).
+
+:class:`RankPool` keeps ``size`` standbys starting or ready, listening for them on a Unix
+socket in a private (0700) directory, and replaces each one a launch takes. A standby that
+dies before it is ready is not replaced at once: after ``size`` such deaths in a row the pool
+gives up (its ranks start cold), since a standby that cannot start here never will.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..training.command import WORKER_MODULE
+
+__all__ = ["RANKS_KEY", "RankGroup", "RankPool", "Standby", "launch_ranks", "rank_argv"]
+
+log = logging.getLogger("parsl_bf.executor.agent")
+
+#: The ``launch`` field that makes it a fragment's ranks: {"first", "count", "of", "mpiexec",
+#: "hosts"?}; ``argv`` is then one rank's worker command without ``--group``/``--groups``.
+RANKS_KEY = "ranks"
+#: A taken standby is replaced this much later: a replacement's imports would compete with the
+#: first steps of the fragment that took it, on the same cores.
+REFILL_DELAY_S = 2.0
+
+
+def rank_argv(argv: list[str], rank: int, ranks: int) -> list[str]:
+    """One rank's command: its own rendezvous group of the fragment's ``ranks``."""
+    return argv + ["--group", str(rank), "--groups", str(ranks)] if ranks > 1 else list(argv)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+@dataclass
+class Standby:
+    """One standby: its ``mpiexec -n 1`` (its own process group) and, once ready, its socket."""
+
+    proc: subprocess.Popen
+    sock: socket.socket | None = None  # once it said ready
+    #: The rank's own pid: Hydra starts ranks in sessions of their own, so a signal to the
+    #: ``mpiexec``'s group reaches the rank only as Hydra forwards it (TERM, USR1), not a KILL.
+    rank_pid: int | None = None
+    job: bytes | None = None  # given while it was still starting: sent once it is ready
+
+    @property
+    def ready(self) -> bool:
+        return self.sock is not None
+
+    def signal(self, sig: int) -> None:
+        """Its ``mpiexec``'s group and, once known, the rank's own."""
+        _killpg(self.proc.pid, sig)
+        if self.rank_pid is not None:
+            _killpg(self.rank_pid, sig)
+
+    def send(self, job: bytes) -> bool:
+        """Hand it its job; False if it died just now (the rank then is one that failed)."""
+        assert self.sock is not None
+        self.sock.setblocking(True)
+        try:
+            self.sock.sendall(job)
+        except OSError:
+            self.kill()
+            return False
+        self.sock.close()
+        self.sock = None
+        self.job = None
+        return True
+
+    def kill(self) -> None:
+        """Gone, whatever it was doing (nothing yet, for a standby not taken)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.signal(signal.SIGKILL)
+
+
+class RankPool:
+    """Standbys of one agent's node(s), ``size`` of them kept starting or ready.
+
+    Parameters
+    ----------
+    size : int
+        Standbys to keep (one per rank slot the pilot has on this host).
+    mpiexec : str
+        The launcher that gives each standby its own MPI world.
+    env : dict or None
+        The standbys' environment (the agent's by default).
+    """
+
+    def __init__(self, size: int, mpiexec: str, env: dict[str, str] | None = None) -> None:
+        self.size, self.mpiexec, self.env = size, mpiexec, env
+        self._dir = tempfile.mkdtemp(prefix="parsl-bf-ranks-")  # 0700: only we connect
+        self.path = os.path.join(self._dir, "pool.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        #: Standbys not taken by a launch yet, by the token on their command line.
+        self.standbys: dict[int, Standby] = {}
+        self._tokens = 0
+        self._pending: list[socket.socket] = []  # connected, not said which pid yet
+        self.failed_starts = 0  # standbys that died before they were ready, in a row
+        self.broken = False
+        self._refill_at: float | None = None  # monotonic time to replace what launches took
+
+    @property
+    def waiting(self) -> bool:
+        """A launch's rank waits for a standby still starting: serve often."""
+        return any(s.job is not None for s in self.standbys.values())
+
+    def fill(self, nice: bool = False) -> None:
+        """Start standbys up to ``size`` (none once broken); ``nice``: at niceness 19 while
+        they warm up (replacements, which start while ranks train on the same cores)."""
+        while not self.broken and sum(s.job is None for s in self.standbys.values()) < self.size:
+            argv = [self.mpiexec, "-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
+            self._tokens += 1
+            argv += ["--connect", self.path, "--token", str(self._tokens)]
+            try:
+                proc = subprocess.Popen(
+                    [*argv, "--nice"] if nice else argv,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,  # its own group, as every process of the agent
+                )
+            except OSError as exc:
+                log.warning("no standby rank (%s): fragment ranks start cold", exc)
+                self.broken = True
+                return
+            self.standbys[self._tokens] = Standby(proc)
+
+    def serve(self) -> None:
+        """Accept standbys that connected, read their ``ready``, forget those that died, and
+        replace those taken (:data:`REFILL_DELAY_S` after the take)."""
+        if self._refill_at is not None and time.monotonic() >= self._refill_at:
+            self._refill_at = None
+            self.fill(nice=True)
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            conn.setblocking(False)
+            self._pending.append(conn)
+        for conn in list(self._pending):
+            data = _recv(conn)
+            if data is None:
+                self._pending.remove(conn)
+                conn.close()
+            elif data:
+                self._pending.remove(conn)
+                line = data.split(b"\n", 1)[0]
+                conn.recv(len(line) + 1)  # consumed: what is readable later is its end
+                self._adopt(conn, line)
+        for token, s in list(self.standbys.items()):
+            if s.sock is not None and _recv(s.sock) is None or s.proc.poll() is not None:
+                self._died(token, s)
+
+    def _adopt(self, conn: socket.socket, line: bytes) -> None:
+        try:
+            said = json.loads(line)
+            rank_pid, s = int(said["ready"]), self.standbys.get(int(said["token"]))
+        except (ValueError, KeyError, TypeError):
+            s = None
+        if s is None or s.sock is not None:
+            conn.close()
+            return
+        s.sock, s.rank_pid = conn, rank_pid
+        self.failed_starts = 0
+        log.info("standby rank ready (pid %d)", rank_pid)
+        if s.job is not None:  # taken while starting: its rank's job goes out now
+            self._forget(s)
+            s.send(s.job)
+
+    def _died(self, token: int, s: Standby) -> None:
+        del self.standbys[token]
+        ready = s.ready
+        s.kill()
+        code = s.proc.wait()
+        if not ready:
+            self.failed_starts += 1
+            log.warning(
+                "standby rank (mpiexec pid %d) exited with %d before it was ready",
+                s.proc.pid,
+                code,
+            )
+            if self.failed_starts >= self.size:
+                log.warning("standby ranks cannot start here: fragment ranks start cold")
+                self.broken = True
+
+    def take(self, job: bytes) -> Standby | None:
+        """A standby for ``job`` (one JSON line), out of the pool, which starts its replacement
+        a little later; None if there is none. A ready one gets the job now; else one still
+        starting keeps it until it is ready (it started before the decision, so it is ahead of
+        a cold start of the same rank), and stays here, served, until then."""
+        ready = [s for s in self.standbys.values() if s.ready and s.job is None]
+        starting = [
+            s
+            for s in self.standbys.values()
+            if not s.ready and s.job is None and s.proc.poll() is None
+        ]
+        if not ready and not starting:
+            return None
+        if self._refill_at is None:
+            self._refill_at = time.monotonic() + REFILL_DELAY_S
+        if ready:
+            s = ready[0]
+            self._forget(s)
+            return s if s.send(job) else None
+        s = starting[0]
+        s.job = job
+        return s
+
+    def _forget(self, s: Standby) -> None:
+        for token, other in list(self.standbys.items()):
+            if other is s:
+                del self.standbys[token]
+
+    def close(self) -> None:
+        """End every standby not taken, and the socket."""
+        for s in self.standbys.values():
+            s.kill()
+            s.proc.wait()
+        self.standbys.clear()
+        for conn in self._pending:
+            conn.close()
+        self.listener.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _recv(conn: socket.socket) -> bytes | None:
+    """What is waiting on ``conn`` (b"" if nothing), None once it is closed."""
+    try:
+        data = conn.recv(4096, socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return b""
+    except OSError:
+        return None
+    if not data:
+        return None
+    return data if b"\n" in data else b""
+
+
+@dataclass
+class RankGroup:
+    """The ranks of one launch, as one process to the agent: ``poll()`` and ``signal()``."""
+
+    key: str
+    ranks: list[Standby] = field(default_factory=list)  # cold ones too (rank pid unknown)
+    warm: int = 0  # how many came from standbys
+    returncode: int | None = None
+    pid: None = None  # no single group: the agent signals through signal()
+
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        return [r.proc for r in self.ranks]
+
+    def signal(self, sig: int) -> None:
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                r.signal(sig)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        codes = [p.poll() for p in self.procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            # A world that lost a rank is lost: mpiexec would kill the others, so do we.
+            self.signal(signal.SIGKILL)
+            for p in self.procs:
+                p.wait()
+            self.returncode = failed[0]
+        elif all(c == 0 for c in codes):
+            self.returncode = 0
+        else:
+            return None
+        for r in self.ranks:
+            r.signal(signal.SIGKILL)  # leftovers in their groups, as after any process
+        return self.returncode
+
+
+def launch_ranks(
+    key: str,
+    ranks: dict[str, Any],
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    stdout: str | None,
+    stderr: str | None,
+    pool: RankPool | None,
+    host: str,
+    output,
+) -> RankGroup:
+    """Start a launch's ranks: each on a ready standby of ``pool`` when it runs on this
+    ``host``, else as ``mpiexec -n 1 [-hosts H]`` of its command. ``output(path)`` opens a
+    process's output file as the agent does. Raises what a process's launch would (OSError)."""
+    first, count, total = int(ranks["first"]), int(ranks["count"]), int(ranks["of"])
+    hosts = ranks.get("hosts")
+    if cwd is not None and not os.path.isdir(cwd):
+        raise FileNotFoundError(f"no such directory: {cwd!r}")
+    group = RankGroup(key)
+    try:
+        for i in range(count):
+            command = rank_argv(argv, first + i, total)
+            here = not hosts or hosts[i] == host
+            worker = command[1:3] == ["-m", WORKER_MODULE]
+            job = {"argv": command[3:], "env": env, "cwd": cwd}  # its flags
+            job |= {"stdout": stdout, "stderr": stderr}
+            line = json.dumps(job).encode() + b"\n"
+            standby = pool.take(line) if pool is not None and here and worker else None
+            if standby is not None:
+                group.ranks.append(standby)
+                group.warm += 1
+                continue
+            cold = [str(ranks["mpiexec"]), "-n", "1"]
+            if hosts:
+                cold += ["-hosts", hosts[i]]
+            with output(stdout) as out, output(stderr) as err:
+                proc = subprocess.Popen(
+                    cold + command,
+                    env={**os.environ, **env},
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            group.ranks.append(Standby(proc))
+    except BaseException:
+        group.signal(signal.SIGKILL)
+        raise
+    return group

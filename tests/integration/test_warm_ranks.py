@@ -1,0 +1,129 @@
+"""Fragment ranks on a real agent's standby ranks (real ``mpiexec``, MPI, torch and sockets)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+
+from parsl_bf.executor.channel import PilotGone, PilotUp, ProcessExited
+from parsl_bf.executor.ranks import RANKS_KEY, rank_argv
+from parsl_bf.training.command import MPIEXEC, worker_argv
+from parsl_bf.training.reports import read_reports
+
+from ..waiting import until
+from .agents import END, alive, launch
+
+pytestmark = pytest.mark.slow
+
+TASK = "parsl_bf.training.examples:digits_cnn"
+
+
+def _ready_pids(stderr: Path) -> list[int]:
+    text = stderr.read_text() if stderr.exists() else ""
+    return [int(p) for p in re.findall(r"standby rank ready \(pid (\d+)\)", text)]
+
+
+def _ranks_launch(key: str, tmp: Path, ranks: int, work: int, first: int = 0) -> dict:
+    d = tmp / key
+    d.mkdir()
+    flags = {"report": d / "progress.jsonl", "result": d / "result.json"}
+    if ranks > 1:
+        flags["rendezvous"] = d / "rendezvous"
+    msg = launch(key, worker_argv(TASK, work, d / "ckpt", {}, **flags), d, cwd=str(d))
+    msg["env"] = {"PARSL_BF_THREADS_PER_RANK": "1"}
+    msg[RANKS_KEY] = {"first": first, "count": ranks, "of": ranks, "mpiexec": MPIEXEC}
+    return msg
+
+
+def test_rank_argv_makes_each_rank_its_own_group() -> None:
+    assert rank_argv(["w"], 0, 1) == ["w"]
+    assert rank_argv(["w"], 2, 3) == ["w", "--group", "2", "--groups", "3"]
+
+
+def test_fragment_ranks_start_on_standbys_and_train_every_sample(
+    serve, agent, tmp_path: Path
+) -> None:
+    server, events = serve()
+    proc = agent(server.url)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    # Three standbys: a fragment of three ranks joins three MPI worlds (three groups).
+    server.send("pilot.1", {"op": "warm_ranks", "size": 3, "mpiexec": MPIEXEC})
+    until(lambda: len(_ready_pids(stderr)) == 3, 120, "the standbys never became ready")
+    standbys = _ready_pids(stderr)
+
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 3, 6000))
+    events.wait(ProcessExited("pilot.1", "frag", 0), timeout=120)
+    assert "launched frag: 3 rank(s), 3 warm" in stderr.read_text()
+    result = json.loads((tmp_path / "frag" / "result.json").read_text())
+    assert result["status"] == "done" and result["samples"] == 6000 and result["world"] == 3
+    (start,) = [
+        r for r in read_reports(tmp_path / "frag" / "progress.jsonl") if r["event"] == "start"
+    ]
+    assert start["world"] == 3
+    assert not any(alive(pid) for pid in standbys)  # one job per standby: they exited
+
+    # The pool replaces what the launch took; shutdown ends the replacements too.
+    until(lambda: len(_ready_pids(stderr)) == 6, 120, "the standbys were not replaced")
+    replacements = _ready_pids(stderr)[3:]
+    server.send("pilot.1", {"op": "shutdown"})
+    events.wait(PilotGone("pilot.1", "bye"))
+    assert proc.wait(20) == 0
+    until(lambda: not any(alive(pid) for pid in replacements), 10, "a standby outlived its agent")
+
+
+def test_a_killed_rank_ends_its_whole_launch(serve, agent, tmp_path: Path) -> None:
+    server, events = serve()
+    agent(server.url)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server.send("pilot.1", {"op": "warm_ranks", "size": 2, "mpiexec": MPIEXEC})
+    until(lambda: len(_ready_pids(stderr)) == 2, 120, "the standbys never became ready")
+    first, second = _ready_pids(stderr)
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 2, 50_000_000))
+    progress = tmp_path / "frag" / "progress.jsonl"
+    until(lambda: progress.exists() and "start" in progress.read_text(), 120, "no first step")
+    os.kill(second, signal.SIGKILL)  # a crashed rank
+    until(lambda: events.of(ProcessExited), 60, "the launch's exit was not reported")
+    (exited,) = events.of(ProcessExited)
+    assert exited.key == "frag" and exited.code != 0
+    until(lambda: not alive(first), 10, "the surviving rank was left training")
+
+
+def test_ranks_start_cold_when_no_standby_can_start(serve, agent, tmp_path: Path) -> None:
+    server, events = serve()
+    agent(server.url)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    # A launcher that fails at once: the pool gives up after one failed start per slot.
+    server.send("pilot.1", {"op": "warm_ranks", "size": 2, "mpiexec": "/bin/false"})
+    until(lambda: "standby ranks cannot start here" in stderr.read_text(), 60, "no give-up")
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 2, 2000))
+    events.wait(ProcessExited("pilot.1", "frag", 0), timeout=120)
+    assert "launched frag: 2 rank(s), 0 warm" in stderr.read_text()
+    result = json.loads((tmp_path / "frag" / "result.json").read_text())
+    assert result["status"] == "done" and result["samples"] == 2000 and result["world"] == 2
+
+
+def test_a_rank_launched_while_its_standby_starts_waits_for_it(
+    serve, agent, tmp_path: Path
+) -> None:
+    server, events = serve()
+    agent(server.url)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    # As on a pilot that just came up: the launch follows the warm_ranks at once.
+    server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 2000))
+    events.wait(ProcessExited("pilot.1", "frag", 0), timeout=120)
+    text = stderr.read_text()
+    assert "launched frag: 1 rank(s), 1 warm" in text
+    assert text.index("launched frag") < text.index("standby rank ready")  # it was starting
+    result = json.loads((tmp_path / "frag" / "result.json").read_text())
+    assert result["status"] == "done" and result["samples"] == 2000
