@@ -94,6 +94,35 @@ def promote(scores: dict[Any, float | None], eta: int) -> list[Any]:
     return [key for key, _ in ranked[:keep]]
 
 
+def asha_promotions(
+    done: dict[int, dict[Any, float | None]],
+    promoted: dict[int, set[Any]],
+    pending: Sequence[int],
+    eta: int,
+    rungs: int,
+) -> list[tuple[Any, int]]:
+    """Asynchronous successive halving (ASHA, Li et al. 2020): the (trial, rung) pairs to start
+    now. ``done[r]``: the score of every trial that finished rung r (None: it failed);
+    ``promoted[r]``: trials already sent on from rung r; ``pending``: the rungs of the tasks
+    still running; ``rungs``: how many there are.
+
+    A trial goes on from rung r as soon as it ranks among the best ``n // eta`` of the ``n``
+    that finished r so far, with no barrier. Once no task at rung r or below is running (no
+    trial can still reach r), the best ``max(1, n // eta)`` go on, as synchronous halving
+    would, so a small sweep still reaches its last rung. Ties go to the trial that finished
+    the rung first; a failed trial never goes on."""
+    out = []
+    for r in range(rungs - 1):
+        finished = done.get(r, {})
+        if not finished:
+            continue
+        best = promote(finished, eta)  # the rung closed: synchronous halving's choice
+        if any(p <= r for p in pending):  # still open: only the sure ones
+            best = best[: len(finished) // eta]
+        out += [(t, r + 1) for t in best if t not in promoted.get(r, set())]
+    return out
+
+
 # --- Pareto front ----------------------------------------------------------------------------
 
 
@@ -152,29 +181,36 @@ def run_tasks(
     """Submit one elastic app per job (key: (work, options of ``digits_cnn``)) on the loaded
     config's executors, and wait for all of them. A failed app is recorded, not raised."""
     start = time.monotonic()
-    submit = _submitter()
+    submit = submitter()
     futures: dict[Future, tuple[Any, int]] = {}
     for key, (work, options) in jobs.items():
         futures[submit(work, max_nodes, options)] = (key, work)
     results: dict[Any, TaskResult] = {}
     for future in as_completed(futures):
         key, work = futures[future]
-        seconds = time.monotonic() - start
-        try:
-            result = TaskResult(key, work, seconds, outcome=future.result())
-        except Exception as exc:  # the app failed (after the config's retries)
-            result = TaskResult(key, work, seconds, error=f"{type(exc).__name__}: {exc}")
-        results[key] = result
+        results[key] = task_result(future, key, work, time.monotonic() - start)
     return results
 
 
-def _submitter() -> Callable[[int, int, dict[str, Any]], Future]:
+def task_result(future: Future, key: Any, work: int, seconds: float) -> TaskResult:
+    """A finished app's result; a failed app (after the config's retries) is recorded."""
+    try:
+        return TaskResult(key, work, seconds, outcome=future.result())
+    except Exception as exc:
+        return TaskResult(key, work, seconds, error=f"{type(exc).__name__}: {exc}")
+
+
+def submitter() -> Callable[..., Future]:
     """How to start one training task under the loaded DFK: an elastic app, which goes to the
-    BackfillExecutors, or trains on one rank on any other executor."""
+    BackfillExecutors, or trains on one rank on any other executor. ``name``: the task's key
+    across submissions (a trial sent on to a larger ``work`` continues from its checkpoint)."""
     from parsl_bf.executor.apps import elastic_app
 
-    def submit(work: int, max_nodes: int, options: dict[str, Any]) -> Future:
-        return elastic_app(TASK, work=work, min_nodes=1, max_nodes=max_nodes)(**options)
+    def submit(
+        work: int, max_nodes: int, options: dict[str, Any], name: str | None = None
+    ) -> Future:
+        app = elastic_app(TASK, work=work, min_nodes=1, max_nodes=max_nodes, name=name)
+        return app(**options)
 
     return submit
 

@@ -1,24 +1,32 @@
-"""Hyperparameter search for the digits CNN: Latin hypercube trials, successive halving.
+"""Hyperparameter search for the digits CNN: Latin hypercube trials, asynchronous successive
+halving (ASHA).
 
     python workflows/hpo_sweep.py --config configs/local.yaml --trials 8
     parsl-bf run workflows/hpo_sweep.py --config configs/local.yaml --trials 8
 
 Each trial (lr log-uniform, global batch, width, depth) is an elastic training task
-(``elastic_app``) on any executor of the config. Rungs are synchronous: every surviving trial
-trains to the rung's budget of samples (``--min-work``, times ``--eta`` per rung, up to
-``--max-work``); the best 1/eta by validation accuracy go on, the others stop there and free
-their nodes. A promoted trial is submitted again with the larger total work and retrains from
-scratch (the task's checkpoint belongs to its own run), so a rung costs its full budget per
-trial: simple and correct, at most eta/(eta-1) times the samples of resuming.
+(``elastic_app``) on any executor of the config. Rung r's budget is ``--min-work`` times
+``--eta``**r samples in total, up to ``--max-work``. There is no barrier between rungs: a trial
+goes on to the next rung as soon as it ranks among the best 1/eta of the trials that finished
+its rung so far (``asha_promotions``), so nodes never wait for a rung's slowest trial. A trial
+keeps one name (``hpo-<seed>-<trial>-<digest of its hyperparameters>``), its task key, so the
+promoted task continues from the trial's own checkpoint and trains only the rung's extra
+samples; a rerun of the sweep continues (or skips) every trial likewise. On executors that
+are not BackfillExecutors a promoted trial trains again from the start.
+
+The default budget (50,000 samples at the first rung, about 25 epochs of the digits) makes
+training, not process start-up, the main cost of each task.
 
 Writes ``leaderboard.csv`` in ``--out`` and returns (prints, as a script) the summary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +35,7 @@ if __package__ in (None, ""):  # run as a script or loaded by path: find the ``w
 
 from workflows.common import (  # noqa: E402
     TaskResult,
+    asha_promotions,
     base_parser,
     default_out,
     latin_hypercube,
@@ -34,9 +43,9 @@ from workflows.common import (  # noqa: E402
     parsl_session,
     pick,
     print_table,
-    promote,
-    run_tasks,
     rung_budgets,
+    submitter,
+    task_result,
     write_csv,
 )
 
@@ -60,6 +69,12 @@ def sample_trials(n: int, seed: int) -> list[dict[str, Any]]:
             }
         )
     return trials
+
+
+def trial_name(seed: int, trial: int, hyperparameters: dict[str, Any]) -> str:
+    """The trial's task key across its rungs and across reruns of the sweep."""
+    digest = hashlib.sha256(json.dumps(hyperparameters, sort_keys=True).encode()).hexdigest()
+    return f"hpo-{seed}-{trial}-{digest[:10]}"
 
 
 def leaderboard(
@@ -107,10 +122,13 @@ def main(argv: list[str] | None = None, config: Any = None) -> dict[str, Any]:
     parser = base_parser("hpo_sweep.py", __doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=8, help="trials (default 8)")
     parser.add_argument(
-        "--min-work", type=int, default=2000, help="samples at the first rung (default 2000)"
+        "--min-work", type=int, default=50_000, help="samples at the first rung (default 50000)"
     )
     parser.add_argument(
-        "--max-work", type=int, default=18000, help="samples at the last rung (default 18000)"
+        "--max-work",
+        type=int,
+        default=450_000,
+        help="samples at the last rung (default 450000)",
     )
     parser.add_argument("--eta", type=int, default=3, help="halving rate (default 3)")
     args = parser.parse_args(argv)
@@ -126,20 +144,33 @@ def main(argv: list[str] | None = None, config: Any = None) -> dict[str, Any]:
     trials = sample_trials(args.trials, args.seed)
     runs: dict[int, list[tuple[int, TaskResult]]] = {}
     history = []
-    start = time.monotonic()
+    start_at = time.monotonic()
     with parsl_session(config, args.config):
-        active = list(range(args.trials))
-        for rung, work in enumerate(budgets):
-            jobs = {i: (work, trials[i] | {"seed": args.seed}) for i in active}
-            results = run_tasks(jobs, args.max_nodes)
-            for i, result in results.items():
+        submit = submitter()
+        pending: dict[Future, tuple[int, int]] = {}  # future → (trial, rung)
+        done: dict[int, dict[int, float | None]] = {}  # rung → trial → accuracy (in order)
+        promoted: dict[int, set[int]] = {}
+
+        def start(i: int, rung: int) -> None:
+            name = trial_name(args.seed, i, trials[i])
+            options = trials[i] | {"seed": args.seed}
+            pending[submit(budgets[rung], args.max_nodes, options, name=name)] = (i, rung)
+
+        for i in range(args.trials):
+            start(i, 0)
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                i, rung = pending.pop(future)
+                result = task_result(future, i, budgets[rung], time.monotonic() - start_at)
                 runs.setdefault(i, []).append((rung, result))
-                history.append({"rung": rung, "trial": i, "work": work, **_outcome(result)})
-            if rung + 1 < len(budgets):
-                active = promote({i: results[i].accuracy for i in active}, args.eta)
-                if not active:
-                    break
-    elapsed = time.monotonic() - start
+                history.append({"rung": rung, "trial": i, "work": result.work, **_outcome(result)})
+                done.setdefault(rung, {})[i] = result.accuracy
+            ongoing = [rung for _, rung in pending.values()]
+            for i, rung in asha_promotions(done, promoted, ongoing, args.eta, len(budgets)):
+                promoted.setdefault(rung - 1, set()).add(i)
+                start(i, rung)
+    elapsed = time.monotonic() - start_at
 
     rows = leaderboard(trials, runs, len(budgets) - 1)
     write_csv(out / "leaderboard.csv", [{c: r[c] for c in (*COLUMNS, "status")} for r in rows])
@@ -155,7 +186,8 @@ def main(argv: list[str] | None = None, config: Any = None) -> dict[str, Any]:
         "failed": status.count("failed"),
         "rungs": budgets,
         "tasks": len(history),
-        "samples": sum(h["work"] for h in history if h["status"] == "done"),
+        # Trained by this sweep: a promoted trial's rung trains only its extra samples.
+        "samples": sum(h["trained"] or 0 for h in history if h["status"] == "done"),
         "best": None if best is None else {k: best[k] for k in COLUMNS if k != "rank"},
         "elapsed_s": round(elapsed, 1),
         "report": str(out),
@@ -164,8 +196,10 @@ def main(argv: list[str] | None = None, config: Any = None) -> dict[str, Any]:
 
 def _outcome(result: TaskResult) -> dict[str, Any]:
     o = result.outcome or {}
+    resumed = o.get("resumed_samples") or 0
     return {
         "status": "failed" if result.error else "done",
+        "trained": None if result.error else max(0, int(o.get("samples") or 0) - int(resumed)),
         "accuracy": result.accuracy,
         "loss": o.get("loss"),
         "world": o.get("world"),

@@ -159,10 +159,11 @@ class WarmHost:
         return self.proc.wait()
 
     def close(self) -> None:
-        """Close its socket: the host exits (KILLing the groups of any apps it still has)."""
+        """Close its socket: the host exits (KILLing the groups of any apps it still has). One
+        that has not forked yet may still be importing and not see it: it is KILLed."""
         self.sock.close()
         try:
-            self.proc.wait(5)
+            self.proc.wait(2 if self.forked else 0.2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

@@ -137,6 +137,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         A task's key is its ``name`` (resource specification, ``elastic_app(name=...)``), else
         a digest of its training code, options, work and arguments, as Parsl's memoization
         computes them. None: ``checkpoints/<label>`` beside the run directories (``runinfo/``).
+        A task submitted again under its name with more ``work`` than its outcome says it did
+        trains on from its checkpoint (a search that sends a trial on to a larger budget).
     max_restarts : int
         Restarts of a task's fragments from its checkpoint after failures that are not the
         task's own (a crashed rank, a lost node, out of memory) before its future fails; no
@@ -351,8 +353,14 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         task: ElasticTask | PlainTask
         if spec:
             finished = _read_json(directory.outcome)
-            if finished is not None and finished.get("status") == "done":
+            if (
+                finished is not None
+                and finished.get("status") == "done"
+                and _int(finished.get("samples")) >= int(spec["work"])
+            ):
                 # Done by an earlier run of this workflow: its outcome, without training again.
+                # With less work than asked (a trial sent on to a larger budget under its
+                # name), it trains on from its checkpoint instead.
                 self.event_log.emit(
                     "task_done",
                     task=task_id,
@@ -825,6 +833,14 @@ def _code_name(func) -> str:
     """``module:qualname`` of an app's function (any callable)."""
     name = getattr(func, "__qualname__", None) or type(func).__qualname__
     return f"{getattr(func, '__module__', None) or type(func).__module__}:{name}"
+
+
+def _int(value: object) -> int:
+    """An outcome's count, 0 when missing or not a number (a file from elsewhere)."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def _read_json(path: Path) -> dict | None:

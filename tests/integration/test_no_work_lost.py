@@ -26,22 +26,23 @@ TASK = "parsl_bf.training.examples:digits_cnn"
 
 
 def _ranks(marker: str) -> list[int]:
-    """PIDs of training ranks whose command line mentions ``marker`` (a run's directory)."""
+    """PIDs of training ranks of a run (``marker``: its directory): cold ones mention it on
+    their command line; a standby that took a rank's job writes its output there."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
+            text = b" ".join(argv).decode(errors="replace")
+            if "mpiexec" in argv[0].decode(errors="replace"):
+                continue
+            cold = "parsl_bf.training.worker" in text and marker in text
+            warm = "parsl_bf.training.standby" in text and marker in os.readlink(proc / "fd/1")
+            if cold or warm:
+                found.append(int(proc.name))
         except OSError:
             continue
-        text = b" ".join(argv).decode(errors="replace")
-        if (
-            "parsl_bf.training.worker" in text
-            and marker in text
-            and "mpiexec" not in argv[0].decode(errors="replace")
-        ):
-            found.append(int(proc.name))
     return found
 
 
@@ -94,6 +95,43 @@ def test_a_killed_rank_restarts_from_the_checkpoint_without_a_parsl_retry(
     # The restart resumed from the checkpoint, not from zero.
     starts = [r for r in read_reports(progress) if r["event"] == "start"]
     assert len(starts) == 2 and starts[1]["samples"] > 0
+
+
+def test_a_task_sent_on_under_its_name_continues_from_its_checkpoint(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """What a successive-halving search does with a promoted trial: the same name, more work."""
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import BackfillExecutor, elastic_app
+    from parsl_bf.providers import LocalBackfillProvider
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    provider = LocalBackfillProvider(
+        nodes=1, time_scale=1, idle_s=10**6, busy_s=0, max_nodes=1, max_blocks=1,
+        max_walltime="01:00:00",
+    )  # fmt: skip
+    executor = BackfillExecutor(
+        label="bf", provider=provider, checkpoint_every=CHECKPOINT_EVERY,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    options = {"lr": 0.05, "width": 8, "global_batch": BATCH}
+
+    def train(work: int) -> dict:
+        return elastic_app(TASK, work=work, max_nodes=1, name="trial-0")(**options).result()
+
+    with parsl.load(config):
+        first, second, again = train(3000), train(9000), train(3000)
+    assert first["status"] == "done" and first["samples"] == 3000
+    assert second["status"] == "done" and second["samples"] == 9000
+    # It started where the first left off (its first step's report counts one more batch).
+    assert 3000 <= second["resumed_samples"] <= 3000 + BATCH
+    # Less work than already done: resolved from the outcome, nothing trained.
+    assert again["samples"] == 9000 and again["resumed_samples"] == 9000
+    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+    assert sum(e["event"] == "fragment_start" for e in events) == 2
 
 
 WORKFLOW = """\

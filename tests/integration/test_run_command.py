@@ -3,6 +3,7 @@ and `parsl-bf status`, run as the installed command."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -95,6 +96,12 @@ def test_run_hpo_sweep(tmp_path: Path) -> None:
     assert (out / "leaderboard.csv").read_text().count("\n") == 1 + 3
     report = (out / "report.md").read_text()
     assert "## Tasks (4)" in report  # 3 trials at rung 0, the best one again at rung 1
+    # On a stock HTEX a promoted trial trains its rung from the start (on a BackfillExecutor it
+    # continues from its checkpoint: test_no_work_lost).
+    with (out / "history.csv").open() as f:
+        (promoted,) = [row for row in csv.DictReader(f) if row["rung"] == "1"]
+    assert promoted["status"] == "done" and int(promoted["trained"]) == 1500
+    assert summary["samples"] == 3 * 500 + 1500
     assert (out / "nodes.png").stat().st_size > 0
     assert "[parsl-bf" in proc.stdout  # progress lines (stdout is not a terminal)
 

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workflows.common import (
+    asha_promotions,
     dominates,
     latin_hypercube,
     log_uniform,
@@ -114,6 +115,50 @@ def test_promoted_trials_beat_the_others(scores: dict, eta: int) -> None:
     valid = {k: s for k, s in scores.items() if s is not None}
     assert len(kept) == min(len(valid), max(1, len(scores) // eta))
     assert all(scores[k] >= s for k in kept for j, s in valid.items() if j not in kept)
+
+
+def test_asha_promotes_without_waiting_for_the_rung() -> None:
+    # Three of nine finished rung 0, six still run it: the best of the three goes on now.
+    done = {0: {4: 0.2, 1: 0.9, 7: 0.5}}
+    assert asha_promotions(done, {}, [0] * 6, 3, 3) == [(1, 1)]
+    assert asha_promotions(done, {0: {1}}, [0] * 6 + [1], 3, 3) == []  # once only
+    # Two finished, rung open: nobody is sure to be in the top third yet.
+    assert asha_promotions({0: {0: 0.9, 1: 0.1}}, {}, [0], 3, 3) == []
+    # Nothing runs at rung 0 any more: the rung is closed, the best always goes on.
+    assert asha_promotions({0: {0: 0.9, 1: 0.1}}, {}, [], 3, 3) == [(0, 1)]
+    # The last rung promotes nobody; a failed trial never goes on.
+    assert asha_promotions({2: {0: 0.9}}, {}, [], 3, 3) == []
+    assert asha_promotions({0: {0: None, 1: None}}, {}, [], 3, 3) == []
+
+
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=27),
+    st.integers(2, 4),
+    st.randoms(use_true_random=False),
+)
+def test_asha_run_to_the_end_reaches_the_last_rung_with_the_best(
+    scores: list[float], eta: int, rng
+) -> None:
+    """A whole sweep, trials finishing in random order: each trial starts each rung at most
+    once, no rung gets more than its share while it is open, and the last rung is reached."""
+    rungs = 3
+    done: dict[int, dict[int, float | None]] = {}
+    promoted: dict[int, set[int]] = {}
+    running = [(t, 0) for t in range(len(scores))]
+    started = {(t, 0) for t in range(len(scores))}
+    while running:
+        t, r = running.pop(rng.randrange(len(running)))
+        done.setdefault(r, {})[t] = scores[t]
+        for trial, rung in asha_promotions(done, promoted, [x for _, x in running], eta, rungs):
+            assert (trial, rung) not in started and trial in done[rung - 1]
+            started.add((trial, rung))
+            promoted.setdefault(rung - 1, set()).add(trial)
+            running.append((trial, rung))
+    for r in range(1, rungs):
+        entered = {t for t, x in started if x == r}
+        assert 1 <= len(entered) <= max(1, len(done[r - 1]) // eta) + len(done[r - 1]) // eta
+    # The best of the first rung always goes on (one of them, on a tie).
+    assert any(scores[t] == max(scores) for t, x in started if x == 1)
 
 
 def test_leaderboard_ranks_by_rung_then_accuracy() -> None:
