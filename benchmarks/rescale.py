@@ -1,43 +1,78 @@
 """Rescale cost of a ResNet-18 fragment on CPU: from the decision to the first step at the new
-size, for a shrink 4 → 2 and a grow 2 → 4 (median of 5 each).
+size, for a shrink (BIG → SMALL ranks) and a grow (SMALL → BIG), median of ``--repeats`` each.
 
 At the decision the old ranks get SIGUSR1: they finish their step, rank 0 writes the checkpoint
 and the result file, they exit. The new size runs with ``--after`` that result file: it imports
 torch and builds the model and optimizer, waits for the file, loads the checkpoint and steps.
-Two modes: ``standby`` (default) starts the new size before the decision and waits until it
-reports ``--ready``, as a pilot's warm workers on their nodes would be; ``cold`` starts it at
-the decision, so process start-up (imports: ~2.4 CPU-s per rank here) is inside the interval.
-Ends with one JSON line.
+Modes (``--mode``, a comma-separated list; by default all four, in one run):
+
+- ``standby``: one ``mpiexec -n N`` of the new size started before the decision, waiting until
+  it reports ``--ready``, as a pilot's warm workers on their nodes would be;
+- ``cold``: that ``mpiexec -n N`` started at the decision, so process start-up (imports:
+  ~2.4 CPU-s per rank here) is inside the interval;
+- ``ranks``: warm ranks (:mod:`parsl_bf.executor.ranks`): a ``RankPool`` whose standbys are
+  ready before the decision (a pilot that has been up a while), each rank of a launch its own
+  standby and rendezvous group, as the executor launches them. Four cases: ``start`` (a fragment
+  from zero nodes, no checkpoint), ``restart`` (after a preemption: the old fragment got
+  SIGTERM, checkpointed and exited; the decision is the relaunch at the same size), ``shrink``
+  and ``grow`` (the executor's warm hand-over: at the decision the new size is launched with
+  ``--after``/``--ready``, and the old one gets SIGUSR1 once the new one is ready). Besides the
+  decision → first step it reports the step time at the new size (from the ``step`` reports)
+  and the overhead, the difference, against the target of 0.5 s;
+- ``ranks-cold``: the same four cases with no pool: each rank a cold ``mpiexec -n 1`` started
+  at the decision (what a launch gets when no standby is ready), the baseline of ``ranks``.
+
+A figure that cannot be right (a first step before the decision, an overhead below zero beyond
+the noise, a load before the old ranks stopped) is printed as SUSPECT and left out of the
+medians. Ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from parsl_bf.training.command import mpiexec_argv, worker_argv  # noqa: E402
+from parsl_bf.environment import THREADS_PER_RANK  # noqa: E402
+from parsl_bf.executor.agent import _output  # noqa: E402
+from parsl_bf.executor.ranks import RankGroup, RankPool, launch_ranks  # noqa: E402
+from parsl_bf.training.command import MPIEXEC, mpiexec_argv, worker_argv  # noqa: E402
 from tests.integration.fragments import rank_pids  # noqa: E402
 
 TASK = "parsl_bf.training.examples:resnet18_synthetic"
+GLOBAL_BATCH = 16  # samples per step at every world size
+OPTIONS = {"samples": 128, "image": 64, "global_batch": GLOBAL_BATCH}
+HANDOVER_MODES = ("standby", "cold")
+RANKS_MODES = ("ranks", "ranks-cold")
+CASES = ("start", "restart", "shrink", "grow")
+TARGET_OVERHEAD_S = 0.5  # the issue's target: decision → first step ≤ 0.5 s + one step
+#: An overhead below -NOISE (or -10 % of a step) cannot be: the first step is a step.
+NOISE_S = 0.05
+TIMEOUT_S = 300.0
+#: Paths in the command lines of every process this run starts (its temporary directories, its
+#: pool's socket), to find leftovers at the end: not another program's standbys.
+MARKS: list[str] = []
 
 
-def launch(world: int, tmp: Path, run: int) -> subprocess.Popen:
+def launch(world: int, tmp: Path, run: int, env: dict[str, str]) -> subprocess.Popen:
     """Run ``run`` of the fragment; from run 1 on it takes over from run - 1 (``--after``)."""
     args = mpiexec_argv(world) + worker_argv(
         TASK,
         10**9,
         tmp / "ckpt",
-        {"samples": 128, "image": 64},
+        OPTIONS,
         checkpoint_every=1000,
         report=tmp / "report.jsonl",
         result=tmp / f"result-{run}.json",
@@ -53,84 +88,504 @@ def launch(world: int, tmp: Path, run: int) -> subprocess.Popen:
     return subprocess.Popen(
         args,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, **env},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
 
 
-def reports(tmp: Path) -> list[dict]:
-    path = tmp / "report.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+def reports(path: Path) -> list[dict]:
+    """Complete report lines of ``path`` (a directory: its ``report.jsonl``)."""
+    if path.is_dir():
+        path = path / "report.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")[:-1]  # a line being written waits for the next look
+    return [json.loads(x) for x in lines if x]
 
 
 def starts(tmp: Path) -> list[dict]:
     return [r for r in reports(tmp) if r["event"] == "start"]
 
 
-def wait_until(pred, timeout: float = 300, tmp: Path | None = None) -> None:
+def wait_until(
+    pred: Callable[[], object],
+    timeout: float = TIMEOUT_S,
+    poll: float = 0.05,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Until ``pred()``; ``check()`` raises if what is waited for cannot come any more."""
     deadline = time.monotonic() + timeout
     while not pred():
+        if check is not None:
+            check()
         if time.monotonic() > deadline:
             raise TimeoutError("fragment did not report in time")
-        time.sleep(0.05)
+        time.sleep(poll)
+
+
+def handover(
+    mode: str, repeats: int, big: int, small: int, env: dict[str, str], suspect: list[str]
+) -> dict:
+    """``standby`` or ``cold``: alternately shrink big → small and grow back, ``repeats`` each;
+    the seconds of each, by kind."""
+    timings: dict[str, list[float]] = {"shrink": [], "grow": []}
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="rescale-") as d:
+        tmp = Path(d)
+        MARKS.append(d)
+        world = big
+        proc = launch(world, tmp, 0, env)
+        procs.append(proc)
+        try:
+            for run in range(2 * repeats):
+                # The current run must be training (its first step done) before the decision.
+                wait_until(lambda run=run: len(starts(tmp)) > run)
+                pids = rank_pids(proc, world)
+                new = small if world == big else big
+                if mode == "standby":  # the next size waits, set up, before the decision
+                    following = launch(new, tmp, run + 1, env)
+                    procs.append(following)
+                    try:
+                        wait_until(lambda run=run: (tmp / f"ready-{run + 1}").exists())
+                    except TimeoutError:
+                        print((tmp / f"run-{run + 1}.log").read_text(), file=sys.stderr)
+                        raise
+                decided = time.time()
+                if mode == "cold":
+                    following = launch(new, tmp, run + 1, env)
+                    procs.append(following)
+                for pid in pids:
+                    os.kill(pid, signal.SIGUSR1)
+                if proc.wait(timeout=TIMEOUT_S) != 0:
+                    print((tmp / f"run-{run}.log").read_text(), file=sys.stderr)
+                    raise RuntimeError(f"{mode}: run {run} failed")
+                proc = following
+                wait_until(lambda run=run: len(starts(tmp)) > run + 1)
+                seconds = starts(tmp)[-1]["first_step_at"] - decided
+                kind = "shrink" if new < world else "grow"
+                row = f"{mode:>10} {kind:>8} {world:>4} {new:>3} {seconds:>8.2f}"
+                if seconds < 0:  # the first step at the new size came before the decision
+                    print(f"{row}  SUSPECT: first step before the decision")
+                    suspect.append(f"{mode} {kind} #{run // 2}: first step before the decision")
+                else:
+                    timings[kind].append(seconds)
+                    print(row)
+                world = new
+            for pid in rank_pids(proc, world):
+                os.kill(pid, signal.SIGTERM)
+            proc.wait(timeout=TIMEOUT_S)
+        finally:
+            for p in procs:  # whatever a failure left running
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return {f"{k}_s": _median(v) for k, v in timings.items()}
+
+
+# --- warm ranks -----------------------------------------------------------------------------
+
+
+class Fragment:
+    """One launch of the fragment's ranks (generation ``gen``) in ``tmp/gen-N``."""
+
+    def __init__(
+        self, tmp: Path, gen: int, world: int, pool: RankPool | None, env: dict, after=None
+    ):
+        self.dir, self.gen, self.world, self.env = tmp / f"gen-{gen}", gen, world, env
+        self.dir.mkdir()
+        flags = {
+            "checkpoint_every": 1000,  # only the stop's checkpoint
+            "report": self.dir / "report.jsonl",
+            "result": self.dir / "result.json",
+        }
+        if world > 1:  # every rank its own rendezvous group, as the executor launches them
+            flags["rendezvous"] = self.dir / "rendezvous"
+        if after is not None:  # a warm successor of that fragment
+            flags |= {"after": after.dir / "result.json", "ready": self.dir / "ready"}
+        self.argv = worker_argv(TASK, 10**9, tmp / "ckpt", OPTIONS, **flags)
+        self.pool = pool
+        self.group: RankGroup | None = None
+
+    def launch(self) -> None:
+        spec = {"first": 0, "count": self.world, "of": self.world, "mpiexec": MPIEXEC}
+        self.group = launch_ranks(
+            f"gen-{self.gen}",
+            spec,
+            self.argv,
+            self.env,
+            str(ROOT),
+            str(self.dir / "stdout"),
+            str(self.dir / "stderr"),
+            self.pool,
+            socket.gethostname(),
+            _output,
+        )
+
+    def check(self) -> None:
+        """Raise if a rank failed (its fragment will never report)."""
+        assert self.group is not None
+        code = self.group.poll()
+        if code not in (None, 0):
+            err = self.dir / "stderr"
+            print(err.read_text() if err.exists() else "", file=sys.stderr)
+            raise RuntimeError(f"fragment gen-{self.gen} exited with {code}")
+
+    def first_steps(self) -> tuple[dict, dict]:
+        """Its ``start`` report and the first ``step`` report after it."""
+        found: dict[str, dict] = {}
+
+        def seen() -> bool:
+            for r in reports(self.dir):
+                found.setdefault(r["event"], r)
+            return "start" in found and "step" in found
+
+        wait_until(seen, poll=0.01, check=self.check)
+        return found["start"], found["step"]
+
+    def stop(self, sig: int) -> None:
+        """``sig`` to its ranks; wait for them to checkpoint and exit."""
+        assert self.group is not None
+        self.group.signal(sig)
+        wait_until(lambda: self.group.poll() is not None, poll=0.01)
+        if self.group.returncode != 0:
+            self.check()
+
+    def kill(self) -> None:
+        if self.group is not None and self.group.poll() is None:
+            self.group.signal(signal.SIGKILL)
+            for p in self.group.procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
+
+
+def pool_ready(pool: RankPool | None) -> None:
+    """Until every standby of the pool is ready (the pilot has been up a while), so that none
+    warms up during a measurement. The benchmark refills the pool itself, at once and at
+    niceness 0 (``fill()``), not as the agent does (``serve()``'s niced refill, 2 s after a
+    take): what is measured is a launch onto ready standbys, not how fast they come back."""
+    if pool is None:
+        return
+    pool.fill()
+
+    def ready() -> bool:
+        pool.serve()
+        if pool.broken:
+            raise RuntimeError("the standby ranks cannot start here")
+        return sum(s.ready and s.job is None for s in pool.standbys.values()) >= pool.size
+
+    wait_until(ready, poll=0.02)
+
+
+def measure(
+    case: str,
+    new: Fragment,
+    decided: float,
+    old_size: int,
+    ready_at: float | None = None,
+    old: Fragment | None = None,
+) -> dict:
+    """One case's figures (seconds from the decision), from the new fragment's reports;
+    ``old``, ``ready_at``: a hand-over's predecessor, and when the new ranks were ready."""
+    start, step = new.first_steps()
+    steps = (step["samples"] - start["samples"]) / GLOBAL_BATCH
+    out = {
+        "case": case,
+        "from": old_size,
+        "to": new.world,
+        "decision_to_first_step_s": start["first_step_at"] - decided,
+        "step_s": (step["t"] - start["first_step_at"]) / steps,
+        "ready_s": None if ready_at is None else ready_at - decided,
+        "old_stopped_s": None,
+        "old_saved_s": None,  # its result file written (after the checkpoint)
+        "loaded_s": start["loaded_at"] - decided,
+        "pause_s": None,  # no training: the old fragment's stop to the new one's first step
+    }
+    out["overhead_s"] = out["decision_to_first_step_s"] - out["step_s"]
+    why = []
+    if out["decision_to_first_step_s"] < 0:
+        why.append("first step before the decision")
+    if out["step_s"] <= 0:
+        why.append("step time not positive")
+    elif out["overhead_s"] < -max(NOISE_S, 0.1 * out["step_s"]):
+        why.append("negative overhead beyond noise")
+    if start.get("stopped_at") is not None:
+        if start["loaded_at"] < start["stopped_at"]:
+            why.append("checkpoint loaded before the old fragment stopped")
+        if old is not None:  # a hand-over (a restart's pause is the benchmark's own wait)
+            out["pause_s"] = start["first_step_at"] - start["stopped_at"]
+            out["old_stopped_s"] = start["stopped_at"] - decided
+            out["old_saved_s"] = (old.dir / "result.json").stat().st_mtime - decided
+            if out["old_stopped_s"] < 0:
+                why.append("old fragment stopped before the decision")
+    elif case != "start":
+        why.append("no checkpoint loaded")
+    out["suspect"] = why
+    return out
+
+
+def ranks_cycle(
+    tmp: Path,
+    pool: RankPool | None,
+    big: int,
+    small: int,
+    env: dict[str, str],
+    emit: Callable[[dict], None],
+) -> None:
+    """start (big, from nothing) → preempted, restart (big) → shrink (small) → grow (big);
+    ``emit`` each case's figures."""
+    live: list[Fragment] = []
+    try:
+        # 1. From zero nodes: no checkpoint.
+        pool_ready(pool)
+        frag = Fragment(tmp, 0, big, pool, env)
+        decided = time.time()
+        frag.launch()
+        live.append(frag)
+        emit(measure("start", frag, decided, 0))
+
+        # 2. Preempted (SIGTERM: checkpoint, exit), then started again at the same size.
+        frag.stop(signal.SIGTERM)
+        live.remove(frag)
+        pool_ready(pool)
+        old, frag = frag, Fragment(tmp, 1, big, pool, env)
+        decided = time.time()
+        frag.launch()
+        live.append(frag)
+        emit(measure("restart", frag, decided, old.world))
+
+        # 3, 4. The executor's warm hand-over: launch the new size with --after/--ready, stop
+        # the old one once the new one is ready.
+        for case, size in (("shrink", small), ("grow", big)):
+            pool_ready(pool)
+            old, frag = frag, Fragment(tmp, frag.gen + 1, size, pool, env, frag)
+            decided = time.time()
+            frag.launch()
+            live.append(frag)
+            ready = frag.dir / "ready"
+            wait_until(ready.exists, poll=0.002, check=frag.check)
+            ready_at = time.time()
+            old.group.signal(signal.SIGUSR1)
+            wait_until(lambda old=old: old.group.poll() is not None, poll=0.01)
+            old.check()
+            row = measure(case, frag, decided, old.world, ready_at, old)
+            live.remove(old)
+            emit(row)
+        frag.stop(signal.SIGTERM)
+        live.remove(frag)
+    finally:
+        for f in live:
+            f.kill()
+
+
+def ranks(
+    mode: str, repeats: int, big: int, small: int, env: dict[str, str], suspect: list[str]
+) -> dict:
+    """``ranks`` or ``ranks-cold``: ``repeats`` cycles of the four cases; medians per case."""
+    rows: dict[str, list[dict]] = {c: [] for c in CASES}
+    pool = None
+    if mode == "ranks":
+        pool = RankPool(big, MPIEXEC, env={**os.environ, **env})
+        MARKS.append(pool.path)
+    try:
+        for rep in range(repeats):
+
+            def emit(row: dict, rep: int = rep) -> None:
+                rows[row["case"]].append(row)
+                print(_ranks_row(mode, row), flush=True)
+                suspect.extend(f"{mode} {row['case']} #{rep}: {why}" for why in row["suspect"])
+
+            with tempfile.TemporaryDirectory(prefix="rescale-ranks-") as d:
+                MARKS.append(d)
+                ranks_cycle(Path(d), pool, big, small, env, emit)
+    finally:
+        if pool is not None:
+            pool.close()
+    out = {}
+    for case, got in rows.items():
+        good = [r for r in got if not r["suspect"]]
+        fig = {
+            k: _median([r[k] for r in good if r[k] is not None])
+            for k in (
+                "decision_to_first_step_s",
+                "step_s",
+                "overhead_s",
+                "ready_s",
+                "old_stopped_s",
+                "old_saved_s",
+                "loaded_s",
+                "pause_s",
+            )
+        }
+        fig["from"], fig["to"] = (got[0]["from"], got[0]["to"]) if got else (None, None)
+        fig["n"] = len(good)
+        over = fig["overhead_s"]
+        fig["target_met"] = None if over is None else over <= TARGET_OVERHEAD_S
+        out[case] = fig
+    return out
+
+
+def _ranks_row(mode: str, r: dict) -> str:
+    def f(x: float | None) -> str:
+        return f"{x:8.2f}" if x is not None else f"{'-':>8}"
+
+    row = (
+        f"{mode:>10} {r['case']:>8} {r['from']:>4} {r['to']:>3} "
+        f"{f(r['decision_to_first_step_s'])} {f(r['step_s'])} {f(r['overhead_s'])} "
+        f"{f(r['ready_s'])} {f(r['old_stopped_s'])} {f(r['old_saved_s'])} "
+        f"{f(r['loaded_s'])} {f(r['pause_s'])}"
+    )
+    return row + (f"  SUSPECT: {'; '.join(r['suspect'])}" if r["suspect"] else "")
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _ours(marks: list[str]) -> list[str]:
+    """Processes still running whose command line names one of ``marks`` (this run's
+    temporary directories and pool socket): leftovers of this benchmark."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if any(m in cmd for m in marks):
+                found.append(f"{pid} {cmd[:120]}")
+    return found
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: --repeats 1")
     ap.add_argument(
         "--mode",
-        choices=["standby", "cold"],
-        default="standby",
-        help="standby: the new size is started and set up before the decision, as a "
-        "pilot's warm workers are; cold: it is started at the decision",
+        default="standby,cold,ranks,ranks-cold",
+        help="comma-separated, of: standby (the new size started and set up before the "
+        "decision, as a pilot's warm workers are), cold (started at the decision), ranks "
+        "(warm ranks of a RankPool, ready before the decision: start, restart, shrink, grow), "
+        "ranks-cold (the same four cases, every rank a cold mpiexec -n 1)",
+    )
+    ap.add_argument(
+        "--sizes",
+        default="2,1",
+        help="BIG,SMALL ranks: shrink BIG → SMALL, grow back (the docs' first table: 4,2)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of every rank (PARSL_BF_THREADS_PER_RANK); default the worker's "
+        "cores / ranks. On a loaded machine 1: a rank's 2 threads on 2 busy cores wait for "
+        "each other at every operator (3-10x slower steps)",
     )
     args = ap.parse_args()
-    timings: dict[str, list[float]] = {"shrink": [], "grow": []}
-    with tempfile.TemporaryDirectory(prefix="rescale-") as d:
-        tmp = Path(d)
-        world = 4
-        proc = launch(world, tmp, 0)
-        print(f"{'mode':>8} {'rescale':>8} {'from':>4} {'to':>3} {'seconds':>8}")
-        for run in range(2 * args.repeats):
-            # The current run must be training (its first step done) before the decision.
-            wait_until(lambda run=run: len(starts(tmp)) > run)
-            pids = rank_pids(proc, world)
-            new = 2 if world == 4 else 4
-            if args.mode == "standby":  # the next size waits, set up, before the decision
-                following = launch(new, tmp, run + 1)
-                try:
-                    wait_until(lambda run=run: (tmp / f"ready-{run + 1}").exists())
-                except TimeoutError:
-                    print((tmp / f"run-{run + 1}.log").read_text(), file=sys.stderr)
-                    raise
-            decided = time.time()
-            if args.mode == "cold":
-                following = launch(new, tmp, run + 1)
-            for pid in pids:
-                os.kill(pid, signal.SIGUSR1)
-            if proc.wait(timeout=300) != 0:
-                print((tmp / f"run-{run}.log").read_text(), file=sys.stderr)
-                return 1
-            proc = following
-            wait_until(lambda run=run: len(starts(tmp)) > run + 1)
-            seconds = starts(tmp)[-1]["first_step_at"] - decided
-            kind = "shrink" if new < world else "grow"
-            timings[kind].append(seconds)
-            print(f"{args.mode:>8} {kind:>8} {world:>4} {new:>3} {seconds:>8.2f}")
-            world = new
-        for pid in rank_pids(proc, world):
-            os.kill(pid, signal.SIGTERM)
-        proc.wait(timeout=300)
-    figures = {f"{k}_s": round(statistics.median(v), 2) for k, v in timings.items()}
-    figures["mode"] = args.mode
+    env = {"PYTHONPATH": str(ROOT)}
+    if args.threads:
+        env[THREADS_PER_RANK] = str(args.threads)
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    bad = [m for m in modes if m not in HANDOVER_MODES + RANKS_MODES]
+    if bad or not modes:
+        ap.error(f"--mode: unknown {bad}; choose from {HANDOVER_MODES + RANKS_MODES}")
+    big, small = (int(x) for x in args.sizes.split(","))
+    if not big > small >= 1:
+        ap.error("--sizes BIG,SMALL with BIG > SMALL ≥ 1")
+    repeats = 1 if args.quick else args.repeats
+    load_before = os.getloadavg()
+    began = time.monotonic()
+    suspect: list[str] = []
+    results: dict[str, dict] = {}
+    try:
+        for mode in modes:
+            if mode in HANDOVER_MODES:
+                print(f"\n{'mode':>10} {'rescale':>8} {'from':>4} {'to':>3} {'seconds':>8}")
+                results[mode] = handover(mode, repeats, big, small, env, suspect)
+            else:
+                print(
+                    f"\n{'mode':>10} {'case':>8} {'from':>4} {'to':>3} {'1st step':>8} "
+                    f"{'step':>8} {'overhead':>8} {'ready':>8} {'old stop':>8} {'old save':>8} "
+                    f"{'loaded':>8} {'pause':>8}   (seconds from the decision)"
+                )
+                results[mode] = ranks(mode, repeats, big, small, env, suspect)
+    finally:
+        time.sleep(0.5)  # a rank's session outlives its mpiexec by a moment
+        leftovers = _ours(MARKS)
+    for line in leftovers:
+        print(f"LEFTOVER process: {line}")
+
     print(
-        f"median ({args.mode}): shrink {figures['shrink_s']} s, grow {figures['grow_s']} s "
-        "(the paper's Elastic Horovod: 11-19 s)"
+        f"\nmedians of {repeats}, sizes {big} ↔ {small}, threads per rank "
+        f"{args.threads or 'cores / ranks'}, load average "
+        f"{load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+        f"({time.monotonic() - began:.0f} s)"
     )
+    for mode in modes:
+        if mode in HANDOVER_MODES:
+            r = results[mode]
+            print(
+                f"{mode:>10}: shrink {r['shrink_s']} s, grow {r['grow_s']} s "
+                "(the paper's Elastic Horovod: 11-19 s)"
+            )
+    for mode in (m for m in modes if m in RANKS_MODES):
+        print(
+            f"\n{mode:>10} {'case':>8} {'1st step':>8} {'step':>8} {'overhead':>8} "
+            f"{'target':>8} (overhead ≤ {TARGET_OVERHEAD_S} s)"
+        )
+        for case, r in results[mode].items():
+            met = {None: "-", True: "met", False: "MISSED"}[r["target_met"]]
+            cells = [r["decision_to_first_step_s"], r["step_s"], r["overhead_s"]]
+            print(
+                f"{'':>10} {case:>8} "
+                + " ".join(f"{x:8.2f}" if x is not None else f"{'-':>8}" for x in cells)
+                + f" {met:>8}  (n={r['n']})"
+            )
+
+    first = results[modes[0]]
+    if modes[0] in HANDOVER_MODES:
+        figures: dict = {"shrink_s": first["shrink_s"], "grow_s": first["grow_s"]}
+    else:
+        figures = {k: first[k]["decision_to_first_step_s"] for k in ("shrink", "grow")}
+        figures = {f"{k}_s": v for k, v in figures.items()}
+    figures["mode"] = modes[0]
+    figures["modes"] = {m: results[m] for m in modes if m in HANDOVER_MODES}
+    for m in (m for m in modes if m in RANKS_MODES):
+        figures[m.replace("-", "_")] = results[m]
+    # Ratios of decision → first step: warm ranks against each baseline run alongside.
+    ratios: dict[str, dict[str, float | None]] = {}
+    if "ranks" in results:
+        w = {c: results["ranks"][c]["decision_to_first_step_s"] for c in CASES}
+        for base in ("cold", "standby"):
+            if base in results:
+                ratios[f"ranks_vs_{base}"] = {
+                    k: _ratio(w[k], results[base][f"{k}_s"]) for k in ("shrink", "grow")
+                }
+        if "ranks-cold" in results:
+            cold = results["ranks-cold"]
+            ratios["ranks_vs_ranks_cold"] = {
+                c: _ratio(w[c], cold[c]["decision_to_first_step_s"]) for c in CASES
+            }
+    if "standby" in results and "cold" in results:
+        ratios["standby_vs_cold"] = {
+            k: _ratio(results["standby"][f"{k}_s"], results["cold"][f"{k}_s"])
+            for k in ("shrink", "grow")
+        }
+    for name, r in ratios.items():
+        print(f"ratio {name}: " + ", ".join(f"{k} {v}" for k, v in r.items()))
+    figures["ratios"] = ratios
+    figures |= {"sizes": [big, small], "repeats": repeats, "threads_per_rank": args.threads}
+    figures["target_overhead_s"] = TARGET_OVERHEAD_S
+    figures["load_avg"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    figures["suspect"] = suspect
+    figures["leftover_processes"] = len(leftovers)
+    for s in suspect:
+        print(f"SUSPECT (left out of the medians): {s}")
     print(json.dumps(figures))
-    return 0
+    return 1 if leftovers else 0
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ class Standby:
     #: ``mpiexec``'s group reaches the rank only as Hydra forwards it (TERM, USR1), not a KILL.
     rank_pid: int | None = None
     job: bytes | None = None  # given while it was still starting: sent once it is ready
+    nice: bool = False  # warming up at niceness 19 (a replacement)
 
     @property
     def ready(self) -> bool:
@@ -151,7 +152,7 @@ class RankPool:
                 log.warning("no standby rank (%s): fragment ranks start cold", exc)
                 self.broken = True
                 return
-            self.standbys[self._tokens] = Standby(proc)
+            self.standbys[self._tokens] = Standby(proc, nice=nice)
 
     def serve(self) -> None:
         """Accept standbys that connected, read their ``ready``, forget those that died, and
@@ -216,12 +217,15 @@ class RankPool:
         """A standby for ``job`` (one JSON line), out of the pool, which starts its replacement
         a little later; None if there is none. A ready one gets the job now; else one still
         starting keeps it until it is ready (it started before the decision, so it is ahead of
-        a cold start of the same rank), and stays here, served, until then."""
+        a cold start of the same rank, unless it warms up niced), and stays here, served, until
+        then."""
         ready = [s for s in self.standbys.values() if s.ready and s.job is None]
+        # Only one warming up at full priority is ahead of a cold start: a niced one would
+        # hold the rank up while the fragment it replaces trains at full priority.
         starting = [
             s
             for s in self.standbys.values()
-            if not s.ready and s.job is None and s.proc.poll() is None
+            if not s.ready and s.job is None and not s.nice and s.proc.poll() is None
         ]
         if not ready and not starting:
             return None

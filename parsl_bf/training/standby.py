@@ -54,8 +54,10 @@ def warm_up() -> None:
 
 
 def _renice(value: int) -> bool:
-    """Every thread of this process at niceness ``value`` (Linux niceness is per thread);
-    False if not allowed (lowering it back needs a privilege or RLIMIT_NICE)."""
+    """Every thread of this process at niceness ``value`` (Linux niceness is per thread), and
+    its scheduler autogroup too: with ``kernel.sched_autogroup_enabled``, a process alone in
+    its session (as every rank is) competes with other sessions by its autogroup's niceness,
+    not its own. False if not allowed (lowering it back needs a privilege or RLIMIT_NICE)."""
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
@@ -66,6 +68,8 @@ def _renice(value: int) -> bool:
                 os.setpriority(os.PRIO_PROCESS, tid, value)
     except PermissionError:
         return False
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+        f.write(str(value))  # absent without autogroups: the niceness above is what counts
     return True
 
 
