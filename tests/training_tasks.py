@@ -169,3 +169,21 @@ def iterable_dataset(**options):
 
     task.dataset = Stream
     return task
+
+
+def paced_digits(per_sample_s: float = 2e-4, **options):
+    """The digits CNN with each rank's step also waiting ``per_sample_s`` per sample of its
+    share: a model whose step time is dominated by its share, as a large model's is, so that
+    two ranks train faster than one however busy the machine's cores are (a sleep needs no
+    core). For tests of growing and shrinking that must not depend on the machine's load."""
+    import time
+
+    task = digits_cnn(**options)
+
+    def step(model, batch, ctx):
+        inputs, targets = batch
+        time.sleep(per_sample_s * len(inputs))
+        return torch.nn.functional.cross_entropy(model(inputs), targets, reduction="sum")
+
+    task.step = step
+    return task

@@ -734,7 +734,9 @@ class Controller:
                 frozen.update(holder[n] for n in moved if n in holder)
         for task in candidates:
             step = node_plan.tasks[task.id]
-            if step.nodes == task.nodes or task.id in frozen or task.previous is not None:
+            # Same nodes in another order (plan sorts them by remaining life) is no rescale.
+            same = set(step.nodes) == set(task.nodes)
+            if same or task.id in frozen or task.previous is not None:
                 continue
             added = set(step.nodes) - set(task.nodes)
             if task.state == "running" and step.nodes and self.warm_rescale and added <= available:

@@ -99,6 +99,9 @@ ELASTIC_KEYS = frozenset(
 
 # Deadlines, progress reports and ready files are looked at this often.
 TICK_S = 1.0
+#: How often a warm successor's ready file is looked for between ticks (a ready standby rank
+#: is set up in a fraction of a second, and its predecessor trains on until it is seen).
+READY_POLL_S = 0.02
 
 
 class FragmentFailed(RuntimeError):
@@ -425,10 +428,15 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     def _loop(self) -> None:
         next_tick = 0.0
         while not self._stop.is_set():
-            batch = self._drain(timeout=min(0.5, max(0.0, next_tick - time.time())))
+            timeout = min(0.5, max(0.0, next_tick - time.time()))
+            if self._ready:  # a successor's ready file ends a hand-over: watch it closely
+                timeout = min(timeout, READY_POLL_S)
+            batch = self._drain(timeout=timeout)
             if time.time() >= next_tick:
                 next_tick = time.time() + TICK_S
                 batch.append((time.time(), Tick()))
+            elif self._ready:
+                batch += [(time.time(), ready) for ready in self._readiness()]
             if not batch:
                 continue
             try:
@@ -506,6 +514,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         log_ = self.event_log
         if isinstance(item, Tick):
             return self._progress_of_live() + self._readiness() + [item]
+        if isinstance(item, FragmentReady):  # seen between ticks (READY_POLL_S)
+            return [item]
         if isinstance(item, TaskSubmitted):
             log_.emit(
                 "task_submitted", task=item.task.id, elastic=isinstance(item.task, ElasticTask)

@@ -114,12 +114,15 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     # Two 1-node pilots: the task starts on the first and grows onto the second while it
-    # trains (a warm hand-over); the nodes are idle 30 s of every 40 s, half a period apart,
-    # so later preemptions shrink it and returning nodes grow it again.
+    # trains (a warm hand-over); the nodes are idle 60 s of every 70 s, half a period apart
+    # (the second one's first hole ends 25 s in, a successor's start fits in it however busy
+    # the machine is), so later preemptions shrink it and returning nodes grow it again. The
+    # task's step is paced by its share of the batch: two ranks are faster than one whatever
+    # the load, so growing always pays.
     provider = LocalBackfillProvider(
         nodes=2,
         time_scale=1,
-        idle_s=30,
+        idle_s=60,
         busy_s=10,
         known_holes=False,
         max_nodes=1,
@@ -137,9 +140,7 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         heartbeat_timeout_s=10,
     )
     config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
-    train = elastic_app(
-        "parsl_bf.training.examples:digits_cnn", work=1_500_000, min_nodes=1, max_nodes=2
-    )
+    train = elastic_app("tests.training_tasks:paced_digits", work=400_000, min_nodes=1, max_nodes=2)
     with parsl.load(config):
         future = train(lr=0.05, width=8, global_batch=BATCH)
         # Parsl's scaling reads max_blocks at each period: a second pilot now arrives while
@@ -148,7 +149,7 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         until(lambda: executor.controller.fragments, 120, "the task never started")
         provider.max_blocks = 2
         outcome = future.result(timeout=600)
-    assert outcome["status"] == "done" and outcome["samples"] == 1_500_000
+    assert outcome["status"] == "done" and outcome["samples"] == 400_000
     events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
     warm = [e for e in events if e["event"] == "fragment_start" and e.get("after") is not None]
     assert warm, "no warm rescale happened"

@@ -509,3 +509,24 @@ def test_lifecycle_invariants(seq, batch_size) -> None:
             assert task.state in ("done", "failed") or any(t == task.id for t, _ in c.fragments)
         if task.state == "failed":
             assert task.id in settled
+
+
+def test_the_same_nodes_in_another_order_are_no_rescale() -> None:
+    """The node plan orders a task's nodes by how long they stay. A task that grew onto a
+    pilot ending later than its first one holds them in the other order: it keeps its
+    fragment (it used to be handed over to an identical one at every decision)."""
+    c = _controller(tfwd=600)
+    task = [TaskSubmitted(_task("a", 1, 2))]
+    (first,) = c.handle([*task, _up("p1", "n", ends_at=NOW + 500)], NOW)
+    (grow,) = _of(StartFragment, c.handle([_up("p2", "m", ends_at=NOW + 5000)], NOW + 1))
+    assert _nodes(grow) == ["p1/n", "p2/m"] and grow.after == first.generation
+    c.handle([FragmentReady("a", grow.generation)], NOW + 2)
+    # The predecessor's exit, then another pilot that comes and goes: decisions with nothing
+    # to change for ``a``.
+    for t, events in (
+        (NOW + 3, _exits(first, {"status": "stopped", "samples": 500})),
+        (NOW + 4, [_up("p3", "k", ends_at=NOW + 10)]),
+        (NOW + 5, [PilotGone("p3", "bye")]),
+    ):
+        out = c.handle(events, t)
+        assert not _of(StartFragment, out) and not _of(Signal, out), out
