@@ -111,15 +111,18 @@ def asha_promotions(
     trial can still reach r), the best ``max(1, n // eta)`` go on, as synchronous halving
     would, so a small sweep still reaches its last rung. Ties go to the trial that finished
     the rung first; a failed trial never goes on."""
-    out = []
+    out: list[tuple[Any, int]] = []
+    running = list(pending)
     for r in range(rungs - 1):
         finished = done.get(r, {})
         if not finished:
             continue
         best = promote(finished, eta)  # the rung closed: synchronous halving's choice
-        if any(p <= r for p in pending):  # still open: only the sure ones
+        if any(p <= r for p in running):  # still open: only the sure ones
             best = best[: len(finished) // eta]
-        out += [(t, r + 1) for t in best if t not in promoted.get(r, set())]
+        new = [(t, r + 1) for t in best if t not in promoted.get(r, set())]
+        running += [r + 1] * len(new)  # they run rung r + 1 now: it is not closed
+        out += new
     return out
 
 

@@ -70,14 +70,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="hps-shufflenet-10J",
         help="job-set file, or a set name under the data's jobs/ (default %(default)s)",
     )
-    p.add_argument("--policy", choices=POLICIES, default="milp")
-    p.add_argument("--objective", choices=[o.value for o in Objective], default="throughput")
+    default = AllocatorSettings()  # the executor's defaults, defined there once
+    p.add_argument("--policy", choices=POLICIES, default=default.policy)
+    p.add_argument(
+        "--objective",
+        choices=[o.value for o in Objective],
+        default=default.objective.value,
+        help="what the allocator maximises (default %(default)s)",
+    )
     p.add_argument(
         "--tfwd",
-        default="auto",
-        help="look-ahead seconds, or 'auto': the median hole length (default)",
+        default=f"{default.tfwd:g}" if default.tfwd != "auto" else "auto",
+        help="look-ahead seconds, or 'auto': the median hole length (default %(default)s)",
     )
-    p.add_argument("--time-limit", type=float, default=10.0, help="solver limit, s")
+    p.add_argument("--time-limit", type=float, default=default.time_limit, help="solver limit, s")
     p.add_argument("--max-jobs", type=int, default=10, help="concurrent jobs (default 10)")
     p.add_argument(
         "--charge-starts",

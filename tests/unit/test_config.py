@@ -87,7 +87,7 @@ def _line_of(text: str, needle: str) -> int:
             "unknown class 'Nope'",
         ),
         (
-            "objective: throughput",
+            "objective: speedup",
             "objective: fastest",
             "objective: fastest",
             "executors[0].allocator.objective",
@@ -145,8 +145,8 @@ def _line_of(text: str, needle: str) -> int:
             "'00:40:00' is longer than max_walltime ('00:30:00')",
         ),
         (
-            "objective: throughput",
-            "objectiv: throughput",
+            "objective: speedup",
+            "objectiv: speedup",
             "objectiv:",
             "executors[0].allocator.objectiv",
             "unknown key (allowed: policy, objective, tfwd, time_limit)",
@@ -290,7 +290,7 @@ def test_python_configs_get_the_constructor_checks(tmp_path, make, field, messag
 
 def test_validate_prints_the_allocator_of_each_backfill_executor(tmp_path, capsys) -> None:
     assert main(["validate", str(ROOT / "configs" / "local.yaml")]) == 0
-    assert "; bf allocator {'policy': 'milp', 'objective': 'throughput'" in capsys.readouterr().out
+    assert "; bf allocator {'policy': 'milp', 'objective': 'speedup'" in capsys.readouterr().out
     htex = (
         "executors:\n"
         "  - type: HighThroughputExecutor\n"

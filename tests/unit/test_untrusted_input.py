@@ -814,7 +814,7 @@ def test_an_all_busy_trace_needs_an_explicit_tfwd(tmp_path, capsys) -> None:
     d = _events(tmp_path, "0,c05n06,busy")
     (d / "meta.json").write_text('{"end_s": 3600}')
     args = ["replay", "--trace", str(d), "--jobs", str(JOBS), "--out", str(tmp_path / "out")]
-    assert main(args) == 2
+    assert main([*args, "--tfwd", "auto"]) == 2
     assert _one_error_line(capsys, "replay") == (
         f"{d}: no complete hole in the window: give T_fwd explicitly (--tfwd)"
     )
