@@ -171,7 +171,7 @@ def iterable_dataset(**options):
     return task
 
 
-def paced_digits(per_sample_s: float = 2e-4, **options):
+def paced_digits(per_sample_s: float = 1e-3, **options):
     """The digits CNN with each rank's step also waiting ``per_sample_s`` per sample of its
     share: a model whose step time is dominated by its share, as a large model's is, so that
     two ranks train faster than one however busy the machine's cores are (a sleep needs no

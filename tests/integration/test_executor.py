@@ -140,7 +140,7 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         heartbeat_timeout_s=10,
     )
     config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
-    train = elastic_app("tests.training_tasks:paced_digits", work=400_000, min_nodes=1, max_nodes=2)
+    train = elastic_app("tests.training_tasks:paced_digits", work=100_000, min_nodes=1, max_nodes=2)
     with parsl.load(config):
         future = train(lr=0.05, width=8, global_batch=BATCH)
         # Parsl's scaling reads max_blocks at each period: a second pilot now arrives while
@@ -149,7 +149,7 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         until(lambda: executor.controller.fragments, 120, "the task never started")
         provider.max_blocks = 2
         outcome = future.result(timeout=600)
-    assert outcome["status"] == "done" and outcome["samples"] == 400_000
+    assert outcome["status"] == "done" and outcome["samples"] == 100_000
     events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
     warm = [e for e in events if e["event"] == "fragment_start" and e.get("after") is not None]
     assert warm, "no warm rescale happened"
