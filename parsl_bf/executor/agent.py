@@ -53,7 +53,7 @@ import zmq
 from .. import environment
 from . import runner
 from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
-from .ranks import RANKS_KEY, RankGroup, RankPool, launch_ranks
+from .ranks import RANKS_KEY, RankGroup, RankPool, killpg, launch_ranks
 
 __all__ = ["Agent", "Identity", "main"]
 
@@ -140,7 +140,7 @@ class WarmHost:
                     self.forked = True
                     proc.pid = int(msg["pid"])
                     for sig in proc.pending:
-                        _killpg(proc.pid, sig)
+                        killpg(proc.pid, sig)
                     proc.pending.clear()
                 if "code" in msg:
                     proc.returncode = int(msg["code"])
@@ -150,7 +150,7 @@ class WarmHost:
         """The host is gone: KILL what it had, mark it exited with -9; the host's exit code."""
         for proc in self.apps.values():
             if proc.pid is not None:
-                _killpg(proc.pid, signal.SIGKILL)
+                killpg(proc.pid, signal.SIGKILL)
             proc.returncode = -signal.SIGKILL
         self.apps.clear()
         self.sock.close()
@@ -432,7 +432,7 @@ class Agent:
             # Leftovers in its group die with it, as processes of a batch job do (a rank
             # group's poll() saw to its own).
             if proc.pid is not None:
-                _killpg(proc.pid, signal.SIGKILL)
+                killpg(proc.pid, signal.SIGKILL)
             del self.procs[key]
             log.info("%s exited with %d", key, code)
             self._send({"op": "exited", "key": key, "code": code})
@@ -594,12 +594,7 @@ def _signal(proc: subprocess.Popen | WarmProc | RankGroup, sig: int) -> None:
         assert isinstance(proc, WarmProc)
         proc.pending.append(sig)
     else:
-        _killpg(proc.pid, sig)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # nobody left
-        os.killpg(pgid, sig)
+        killpg(proc.pid, sig)
 
 
 def main(argv: list[str] | None = None) -> int:

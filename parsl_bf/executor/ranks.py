@@ -33,7 +33,7 @@ from typing import Any
 
 from ..training.command import WORKER_MODULE
 
-__all__ = ["RANKS_KEY", "RankGroup", "RankPool", "Standby", "launch_ranks", "rank_argv"]
+__all__ = ["RANKS_KEY", "RankGroup", "RankPool", "Standby", "killpg", "launch_ranks", "rank_argv"]
 
 log = logging.getLogger("parsl_bf.executor.agent")
 
@@ -50,7 +50,8 @@ def rank_argv(argv: list[str], rank: int, ranks: int) -> list[str]:
     return argv + ["--group", str(rank), "--groups", str(ranks)] if ranks > 1 else list(argv)
 
 
-def _killpg(pgid: int, sig: int) -> None:
+def killpg(pgid: int, sig: int) -> None:
+    """Signal a process group; one that is gone already is no error (nobody left)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
@@ -73,9 +74,9 @@ class Standby:
 
     def signal(self, sig: int) -> None:
         """Its ``mpiexec``'s group and, once known, the rank's own."""
-        _killpg(self.proc.pid, sig)
+        killpg(self.proc.pid, sig)
         if self.rank_pid is not None:
-            _killpg(self.rank_pid, sig)
+            killpg(self.rank_pid, sig)
 
     def send(self, job: bytes) -> bool:
         """Hand it its job; False if it died just now (the rank then is one that failed)."""
@@ -107,13 +108,11 @@ class RankPool:
     size : int
         Standbys to keep (one per rank slot the pilot has on this host).
     mpiexec : str
-        The launcher that gives each standby its own MPI world.
-    env : dict or None
-        The standbys' environment (the agent's by default).
+        The launcher that gives each standby its own MPI world (in the agent's environment).
     """
 
-    def __init__(self, size: int, mpiexec: str, env: dict[str, str] | None = None) -> None:
-        self.size, self.mpiexec, self.env = size, mpiexec, env
+    def __init__(self, size: int, mpiexec: str) -> None:
+        self.size, self.mpiexec = size, mpiexec
         self._dir = tempfile.mkdtemp(prefix="parsl-bf-ranks-")  # 0700: only we connect
         self.path = os.path.join(self._dir, "pool.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -143,7 +142,6 @@ class RankPool:
             try:
                 proc = subprocess.Popen(
                     [*argv, "--nice"] if nice else argv,
-                    env=self.env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     start_new_session=True,  # its own group, as every process of the agent

@@ -46,6 +46,22 @@ def _ranks(marker: str) -> list[int]:
     return found
 
 
+def _one_idle_node(tmp_path: Path, **kw):
+    """A BackfillExecutor on one emulated node that is always idle (no preemption),
+    checkpoints in ``tmp_path / "ckpt"``."""
+    from parsl_bf.executor import BackfillExecutor
+    from parsl_bf.providers import LocalBackfillProvider
+
+    provider = LocalBackfillProvider(
+        nodes=1, time_scale=1, idle_s=10**6, busy_s=0, max_nodes=1, max_blocks=1,
+        max_walltime="01:00:00",
+    )  # fmt: skip
+    return BackfillExecutor(
+        label="bf", provider=provider, checkpoint_every=CHECKPOINT_EVERY,
+        checkpoint_dir=str(tmp_path / "ckpt"), **kw,
+    )  # fmt: skip
+
+
 def _checkpointed(progress: Path) -> int:
     return max(
         (r["samples"] for r in read_reports(progress) if r["event"] == "checkpoint"), default=0
@@ -58,19 +74,11 @@ def test_a_killed_rank_restarts_from_the_checkpoint_without_a_parsl_retry(
     import parsl
     from parsl.config import Config
 
-    from parsl_bf.executor import BackfillExecutor, elastic_app
-    from parsl_bf.providers import LocalBackfillProvider
+    from parsl_bf.executor import elastic_app
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     # Nodes always idle: no preemption, so the only fault is the killed rank.
-    provider = LocalBackfillProvider(
-        nodes=1, time_scale=1, idle_s=10**6, busy_s=0, max_nodes=1, max_blocks=1,
-        max_walltime="01:00:00",
-    )  # fmt: skip
-    executor = BackfillExecutor(
-        label="bf", provider=provider, checkpoint_every=CHECKPOINT_EVERY, max_restarts=2,
-        checkpoint_dir=str(tmp_path / "ckpt"),
-    )  # fmt: skip
+    executor = _one_idle_node(tmp_path, max_restarts=2)
     config = Config(
         executors=[executor], strategy_period=1, retries=0, run_dir=str(tmp_path / "runinfo")
     )
@@ -104,18 +112,10 @@ def test_a_task_sent_on_under_its_name_continues_from_its_checkpoint(
     import parsl
     from parsl.config import Config
 
-    from parsl_bf.executor import BackfillExecutor, elastic_app
-    from parsl_bf.providers import LocalBackfillProvider
+    from parsl_bf.executor import elastic_app
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    provider = LocalBackfillProvider(
-        nodes=1, time_scale=1, idle_s=10**6, busy_s=0, max_nodes=1, max_blocks=1,
-        max_walltime="01:00:00",
-    )  # fmt: skip
-    executor = BackfillExecutor(
-        label="bf", provider=provider, checkpoint_every=CHECKPOINT_EVERY,
-        checkpoint_dir=str(tmp_path / "ckpt"),
-    )  # fmt: skip
+    executor = _one_idle_node(tmp_path)
     config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
     options = {"lr": 0.05, "width": 8, "global_batch": BATCH}
 
