@@ -73,7 +73,7 @@ def rank_pids(launcher: subprocess.Popen, n: int, timeout: float = 60) -> list[i
             except OSError:
                 continue
             ours = b"parsl_bf.training.worker" in cmd and b"PMI_RANK=" in environ
-            if ours and _descends(int(proc.name), launcher.pid):
+            if ours and descends(int(proc.name), launcher.pid):
                 found.append(int(proc.name))
         if len(found) == n:
             return sorted(found)
@@ -81,7 +81,7 @@ def rank_pids(launcher: subprocess.Popen, n: int, timeout: float = 60) -> list[i
     raise TimeoutError(f"{n} ranks of {launcher.pid} not found")
 
 
-def _descends(pid: int, ancestor: int) -> bool:
+def descends(pid: int, ancestor: int) -> bool:
     while pid > 1:
         if pid == ancestor:
             return True

@@ -35,7 +35,7 @@ def _replay(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_milp_replay_to_completion_beats_equal_share(tmp_path: Path) -> None:
-    milp = _replay(tmp_path, "--policy", "milp")
+    milp = _replay(tmp_path, "--policy", "milp", "--tfwd", "auto")
     assert milp.returncode == 0, milp.stderr
     summary = json.loads(milp.stdout.strip().splitlines()[-1])
     assert summary["jobs_done"] == 10 and summary["samples"] == pytest.approx(1.3e9)
