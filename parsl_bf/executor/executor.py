@@ -224,6 +224,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.warm_rescale, self.warm_ranks = warm_rescale, warm_ranks
         self._warmed: set[str] = set()  # pilots asked for standby ranks
         self._training = False  # an elastic task was submitted: standbys are worth their cost
+        self._held_until: float | None = None  # the error handler's hold last logged
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.mpiexec = mpiexec or MPIEXEC
         self.mpi_hosts, self.address = mpi_hosts, address
@@ -311,7 +312,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         left = holding(now) if n > 0 and callable(holding) else 0.0
         if left > 0:
             until = getattr(handler, "hold_until", now + left)
-            if getattr(self, "_held_until", None) != until:  # the strategy asks every poll
+            if self._held_until != until:  # the strategy asks every poll: log each hold once
                 self._held_until = until
                 log.info("%s: pilots failed to start; next pilot in %.1f s", self.label, left)
                 if self.event_log is not None:
