@@ -4,7 +4,9 @@ size, for a shrink (BIG → SMALL ranks) and a grow (SMALL → BIG), median of `
 At the decision the old ranks get SIGUSR1: they finish their step, rank 0 writes the checkpoint
 and the result file, they exit. The new size runs with ``--after`` that result file: it imports
 torch and builds the model and optimizer, waits for the file, loads the checkpoint and steps.
-Modes (``--mode``, a comma-separated list; by default all four, in one run):
+Modes (``--mode``, a comma-separated list; by default all four, in one run, ``ranks`` first:
+the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s`` and ``step_s`` are the
+first mode's):
 
 - ``standby``: one ``mpiexec -n N`` of the new size started before the decision, waiting until
   it reports ``--ready``, as a pilot's warm workers on their nodes would be;
@@ -466,7 +468,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: --repeats 1")
     ap.add_argument(
         "--mode",
-        default="standby,cold,ranks,ranks-cold",
+        default="ranks,ranks-cold,standby,cold",
         help="comma-separated, of: standby (the new size started and set up before the "
         "decision, as a pilot's warm workers are), cold (started at the decision), ranks "
         "(warm ranks of a RankPool, ready before the decision: start, restart, shrink, grow), "
@@ -548,9 +550,12 @@ def main() -> int:
     first = results[modes[0]]
     if modes[0] in HANDOVER_MODES:
         figures: dict = {"shrink_s": first["shrink_s"], "grow_s": first["grow_s"]}
-    else:
-        figures = {k: first[k]["decision_to_first_step_s"] for k in ("shrink", "grow")}
-        figures = {f"{k}_s": v for k, v in figures.items()}
+    else:  # the warm host: start, restart, shrink and grow, and the step at the new size
+        figures = {f"{c}_s": first[c]["decision_to_first_step_s"] for c in CASES}
+        steps = [first[c]["step_s"] for c in CASES if first[c]["step_s"] is not None]
+        figures["step_s"] = statistics.median(steps) if steps else None
+        figures["overhead_s"] = {c: first[c]["overhead_s"] for c in CASES}
+        figures["target_met"] = {c: first[c]["target_met"] for c in CASES}
     figures["mode"] = modes[0]
     figures["modes"] = {m: results[m] for m in modes if m in HANDOVER_MODES}
     for m in (m for m in modes if m in RANKS_MODES):

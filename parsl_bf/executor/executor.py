@@ -503,6 +503,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._training = self._training or first
         if not self._training or not (first or any(isinstance(e, PilotUp) for e in events)):
             return
+        self._warmed.intersection_update(self.server.pilots)  # forget pilots that are gone
         for pilot, up in self.server.pilots.items():
             if pilot not in self._warmed:
                 self._warmed.add(pilot)

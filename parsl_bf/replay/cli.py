@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from ..allocation import AllocatorSettings, Objective
 from ..allocation.spec import MAX_NODES, MAX_SECONDS, MAX_TASKS
 from .errors import ReplayInputError
+from .holes import HoleForecast
 from .jobsets import default_data_dir, load_job_set
 from .policies import POLICIES
 from .report import summary_table, write_report
@@ -37,8 +38,24 @@ def parse_duration(text: str) -> int:
     return seconds
 
 
+def _accuracy(text: str) -> tuple[float, float]:
+    """``0.5:1`` → (0.5, 1.0); ``1`` → (1.0, 1.0): walltime accuracies in (0, 1]."""
+    parts = text.split(":")
+    try:
+        low, high = float(parts[0]), float(parts[-1])
+    except ValueError:
+        low = high = float("nan")
+    if len(parts) > 2 or not 0 < low <= high <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected LOW[:HIGH] with 0 < LOW <= HIGH <= 1 (e.g. 1, 0.5:1)"
+        )
+    return low, high
+
+
 def _flag_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the numeric flags, if anything."""
+    if not 0 <= args.announced <= 1:
+        return f"--announced: expected 0 to 1, got {args.announced}"
     bounds = [
         ("--swf-nodes", args.swf_nodes, 1, MAX_NODES),
         ("--procs-per-node", args.procs_per_node, 1, 10**6),
@@ -90,6 +107,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="charge a start from zero nodes R_up·P(n), as a real fragment's start-up "
         "(the original replayer starts tasks for free)",
+    )
+    p.add_argument(
+        "--hole-plan",
+        metavar="LOW[:HIGH]",
+        type=_accuracy,
+        help="each hole ends when the scheduler's plan says (as squeue --start does), with "
+        "walltime accuracy (runtime / walltime) drawn from [LOW, HIGH]; 1 is exact walltimes "
+        "(default: the paper's single T_fwd, every node alike)",
+    )
+    p.add_argument(
+        "--announced",
+        type=float,
+        default=1.0,
+        help="with --hole-plan: the fraction of holes the plan gives an end (default 1)",
     )
     p.add_argument("--nodes", type=int, help="use the first N nodes (by col_index)")
     p.add_argument("--node-offset", type=int, default=0, help="skip the first K nodes")
@@ -213,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         start_s=args.start,
         end_s=end,
         charge_starts=args.charge_starts,
+        holes=HoleForecast(*args.hole_plan, args.announced) if args.hole_plan else None,
     )
     update, finish = _progress(end, args.start)
     began = time.perf_counter()
@@ -230,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         "jobs": str(args.jobs),
         "max_jobs": args.max_jobs,
         "charge_starts": args.charge_starts,
+        "hole_ends": config.holes.describe() if config.holes else "tfwd",
         "start_s": args.start,
         "end_s": end,
         "wall_s": round(time.perf_counter() - began, 2),

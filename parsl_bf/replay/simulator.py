@@ -24,6 +24,7 @@ import numpy as np
 
 from ..allocation import AllocationProblem, Objective, plan
 from .bound import DEFAULT_BUCKETS, e_avail_bound, idle_profile, violation
+from .holes import HoleForecast, planned_ends
 from .jobsets import Job
 from .policies import Policy
 from .trace import IdleTrace
@@ -48,6 +49,14 @@ class ReplayConfig:
     charge_starts: bool = False
     # Buckets of the E_avail bound's LP (parsl_bf.replay.bound); 0 leaves the bound out.
     bound_buckets: int = DEFAULT_BUCKETS
+    # None: the paper's single T_fwd, every node alike. A forecast: each hole has the end the
+    # scheduler's plan gives it (parsl_bf.replay.holes), used as the executor uses its pilots'
+    # ends: nodes leaving within ``min_node_life_s`` are not offered, and growers take the
+    # longest-lived nodes first.
+    holes: HoleForecast | None = None
+    # None: the largest R_up + R_down of the running tasks (a node that leaves sooner cannot
+    # repay the grow onto it and the shrink off it).
+    min_node_life_s: float | None = None
 
 
 @dataclass
@@ -132,11 +141,22 @@ def replay(
     t_prev = config.start_s
     t_end = end
 
+    # The planned end of each idle node's hole (inf: none said, or no forecast).
+    planned = np.full(len(trace.nodes), np.inf)
+    plans = planned_ends(trace, config.holes) if config.holes is not None else None
+
+    def opened(t: int, nodes: np.ndarray) -> None:
+        if plans is not None:
+            for x in nodes.tolist():
+                planned[x] = plans.get((x, t), np.inf)
+
+    opened(0, np.flatnonzero(trace.initial))
     # Changes before the window's start only set the initial state.
     batches = trace.batches()
     pending = next(batches, None)
     while pending is not None and pending[0] <= config.start_s:
         owner[pending[1]] = np.where(pending[2], FREE, BUSY)
+        opened(pending[0], pending[1][pending[2]])
         pending = next(batches, None)
 
     def event_times():
@@ -185,6 +205,7 @@ def replay(
         owner[gone] = BUSY
         joined = changed[now_idle]
         owner[joined[owner[joined] == BUSY]] = FREE
+        opened(t, joined)
         # 3. Admission, first come first served.
         while queued < len(queue) and queue[queued].submit_s <= t and len(active) < config.max_jobs:
             task = _Task(queue[queued], slot=len(by_slot))
@@ -199,6 +220,13 @@ def replay(
             break
         # 4. Allocation, when the allocator's view changed.
         free_nodes = np.flatnonzero(owner == FREE)
+        life = None
+        if plans is not None and active:
+            life = planned - t
+            floor = config.min_node_life_s
+            if floor is None:
+                floor = max(x.job.rescale_up_s + x.job.rescale_down_s for x in active)
+            free_nodes = free_nodes[life[free_nodes] >= floor]
         solved, status, solve_s, n_rescales = False, "", 0.0, 0
         if active:
             held = sum(len(x.nodes) for x in active)
@@ -226,7 +254,11 @@ def replay(
             counts = last_counts
             current = {x.job.id: x.nodes for x in active}
             if any(len(current[k]) != counts.get(k, 0) for k in current):
-                node_plan = plan(counts, current, free_nodes.tolist())
+                value = None
+                if life is not None:
+                    mine = [x for nodes in current.values() for x in nodes]
+                    value = {x: float(life[x]) for x in [*mine, *free_nodes.tolist()]}
+                node_plan = plan(counts, current, free_nodes.tolist(), node_value=value)
                 for task in active:  # releases first: another task may take these nodes
                     owner[list(node_plan.tasks[task.job.id].release)] = FREE
                 for task in active:
