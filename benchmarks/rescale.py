@@ -66,6 +66,8 @@ TIMEOUT_S = 300.0
 #: Paths in the command lines of every process this run starts (its temporary directories, its
 #: pool's socket), to find leftovers at the end: not another program's standbys.
 MARKS: list[str] = []
+#: How a warm successor takes the state (the worker's --handover), from --handover.
+HANDOVER = ["auto"]
 
 
 def launch(world: int, tmp: Path, run: int, env: dict[str, str]) -> subprocess.Popen:
@@ -205,6 +207,7 @@ class Fragment:
             flags["rendezvous"] = self.dir / "rendezvous"
         if after is not None:  # a warm successor of that fragment
             flags |= {"after": after.dir / "result.json", "ready": self.dir / "ready"}
+            flags["handover"] = HANDOVER[0]
         self.argv = worker_argv(TASK, 10**9, tmp / "ckpt", OPTIONS, **flags)
         self.pool = pool
         self.group: RankGroup | None = None
@@ -387,7 +390,8 @@ def ranks(
     rows: dict[str, list[dict]] = {c: [] for c in CASES}
     pool = None
     if mode == "ranks":
-        pool = RankPool(big, MPIEXEC, env={**os.environ, **env})
+        os.environ.update(env)  # the standbys' environment is the agent's: here, ours
+        pool = RankPool(big, MPIEXEC)
         MARKS.append(pool.path)
     try:
         for rep in range(repeats):
@@ -486,7 +490,16 @@ def main() -> int:
         "cores / ranks. On a loaded machine 1: a rank's 2 threads on 2 busy cores wait for "
         "each other at every operator (3-10x slower steps)",
     )
+    ap.add_argument(
+        "--handover",
+        choices=("auto", "peer", "file"),
+        default="auto",
+        help="how a warm successor (ranks: shrink, grow) takes the state: from the old ranks "
+        "over a socket (peer) or from the checkpoint file (file); auto: peer on a network "
+        "file system (the worker's default)",
+    )
     args = ap.parse_args()
+    HANDOVER[0] = args.handover
     env = {"PYTHONPATH": str(ROOT)}
     if args.threads:
         env[THREADS_PER_RANK] = str(args.threads)
@@ -583,6 +596,7 @@ def main() -> int:
         print(f"ratio {name}: " + ", ".join(f"{k} {v}" for k, v in r.items()))
     figures["ratios"] = ratios
     figures |= {"sizes": [big, small], "repeats": repeats, "threads_per_rank": args.threads}
+    figures["handover"] = args.handover
     figures["target_overhead_s"] = TARGET_OVERHEAD_S
     figures["load_avg"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     figures["suspect"] = suspect

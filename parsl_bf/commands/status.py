@@ -24,7 +24,7 @@ def _head_table(snapshot: dict[str, Any]) -> Any:
 
     updated = snapshot.get("updated")
     age = f"{time.time() - updated:.0f} s ago" if isinstance(updated, int | float) else "?"
-    head = Table(title=f"{snapshot.get('label', '?')}: {snapshot['path']}", show_header=False)
+    head = Table(title=str(snapshot.get("label", "?")), show_header=False)
     head.add_column("key", style="bold")
     head.add_column("value")
     last = snapshot.get("last_solve_s")
@@ -134,6 +134,9 @@ def show_status(args: argparse.Namespace) -> int:
         return 1
     console = Console()
     for snapshot in _latest_run(snapshots):
+        # The path on a line of its own, never wrapped: it is what a user copies.
+        label = snapshot.get("label", "?")
+        console.print(f"{label}: {snapshot['path']}", soft_wrap=True, markup=False, highlight=False)
         for table in _status_tables(snapshot):
             console.print(table)
     return 0

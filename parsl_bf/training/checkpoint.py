@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import handover as _handover
+
 __all__ = [
     "CheckpointError",
     "FORMAT",
@@ -214,15 +216,23 @@ def digest(state: Any) -> str:
 
 
 def save_checkpoint(
-    directory: str | Path, state: dict[str, Any], samples: int, keep: int = 2
+    directory: str | Path,
+    state: dict[str, Any],
+    samples: int,
+    keep: int = 2,
+    handover: bool = False,
 ) -> Path:
     """Write ``state`` atomically as the checkpoint at ``samples``; keep the ``keep`` newest.
+    ``handover``: first send it to the new ranks listening for it (:mod:`.handover`), so that
+    they need not wait for the file.
 
     TypeError (before anything is written) if ``state`` holds what a checkpoint cannot: see
     the module docstring."""
     if META in state:
         raise TypeError(f"checkpoint state[{META!r}]: the key is the checkpoint's own")
     stored = _encode(state, "")
+    if handover and (Path(directory) / _handover.DIR).is_dir():
+        _handover.offer(directory, _handover.serialise(stored))
     stored[META] = {"format": FORMAT, "sha256": digest(stored)}
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -352,13 +362,35 @@ def load_latest(directory: str | Path, check: Check | None = None) -> dict[str, 
 
 
 def agreed_latest(
-    directory: str | Path, comm: Any, check: Check | None = None
+    directory: str | Path,
+    comm: Any,
+    check: Check | None = None,
+    received: _handover.Receiver | None = None,
 ) -> tuple[Path, dict[str, Any]] | None:
     """:func:`latest`, collectively: every rank of ``comm`` reads the files itself (in
     parallel: a broadcast of a large pickled state from rank 0 was slower), and the ranks
     agree on the newest checkpoint that every one of them could read, verify and ``check``.
-    All return that one, or all None (no checkpoint at all), or all raise CheckpointError."""
+    All return that one, or all None (no checkpoint at all), or all raise CheckpointError.
+
+    ``received`` (every rank's, or no rank's): the state the previous fragment sent this rank
+    (:mod:`.handover`); used, and the listener closed, if every rank got it and it passes
+    ``check`` on every rank. Its path is the file that fragment writes."""
     d = Path(directory)
+    if received is not None:
+        sent = _handover.agreed(received, comm)
+        received.close()
+        state = None if sent is None else _decode(sent)
+        why = None
+        if state is not None and check is not None:
+            try:
+                why = check(state)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+        if all(comm.allgather(state is not None and not why)):
+            assert state is not None
+            return d / f"ckpt-{int(state['samples']):015d}.pt", state
+        if why:
+            log.warning("skipping the state sent by the previous fragment: %s", why)
     mine = [p.name for p in checkpoints(d)] if comm.rank == 0 else None
     names: list[str] = comm.bcast(mine, root=0)  # one list: a file may appear meanwhile
     reasons: dict[str, str] = {}

@@ -52,6 +52,7 @@ from .checkpoint import (
     set_rng_state,
 )
 from .data import step_plan
+from .exchange import quiet_barrier
 from .reports import ReportSink
 from .trainer import rank_device
 
@@ -86,7 +87,7 @@ class Session:
     checkpoint_every: int = 20
     reports: ReportSink = field(default_factory=lambda: ReportSink(None))
     should_stop: Callable[[], bool] = lambda: False
-    before_load: Callable[[], None] = lambda: None
+    before_load: Callable[[], Any] = lambda: None  # returns a handover.Receiver or None
     stop_at: int | None = None
     started_at: float | None = None
     # What the loop has done (read by the worker for the outcome).
@@ -124,8 +125,10 @@ class Session:
                 "stopped_at": time.time() if stopped else None,
                 "pid": os.getpid(),
             }
-            self.checkpoint = str(save_checkpoint(self.checkpoint_dir, payload, self.samples))
-        self.comm.Barrier()
+            self.checkpoint = str(
+                save_checkpoint(self.checkpoint_dir, payload, self.samples, handover=stopped)
+            )
+        quiet_barrier(self.comm)
 
     def after_step(self, batch: int, pass_end: int) -> bool:
         """Account a global step (of a loader pass that ends at ``pass_end`` samples); True if
@@ -222,10 +225,13 @@ class State:
         for key, value in items.items():
             object.__setattr__(self, key, value)
         s.state = self
-        s.before_load()  # a warm start waits here for the previous fragment's checkpoint
+        # A warm start waits here for the previous fragment's state (sent, or its checkpoint).
+        received = s.before_load()
         found = None
         if s.checkpoint_dir is not None:  # another loop's checkpoint is skipped like a damaged one
-            found = agreed_latest(s.checkpoint_dir, s.comm, check=self._fits)
+            found = agreed_latest(s.checkpoint_dir, s.comm, check=self._fits, received=received)
+        elif received is not None:
+            received.close()
         if found is not None:
             saved = found[1]
             self.load_state_dict(saved["loop"])

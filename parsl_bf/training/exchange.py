@@ -12,6 +12,8 @@ exchange needs no packing or unpacking copy. Two measured choices (``benchmarks/
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -115,6 +117,15 @@ def allreduce_per_parameter(params: list[torch.nn.Parameter], comm: MPI.Comm) ->
     for p in params:
         if p.grad is not None:
             comm.Allreduce(MPI.IN_PLACE, p.grad.numpy(), op=MPI.SUM)
+
+
+def quiet_barrier(comm: MPI.Comm, poll_s: float = 0.002) -> None:
+    """``comm.Barrier()`` without spinning. MPICH waits in a busy loop, a core per waiting
+    rank, and the ranks that wait for rank 0 to write the stop checkpoint would take the cores
+    where the successor is loading it."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(poll_s)
 
 
 def fingerprint(params: list[torch.nn.Parameter]) -> np.ndarray:

@@ -140,4 +140,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .worker import run
+
+    run(main)

@@ -36,7 +36,8 @@ from .checkpoint import (
     set_rng_state,
 )
 from .data import step_plan, total_steps
-from .exchange import FlatGradients, fingerprint
+from .exchange import FlatGradients, fingerprint, quiet_barrier
+from .handover import Receiver
 from .reports import ReportSink
 from .syncbn import convert_batchnorm, has_batchnorm
 
@@ -230,7 +231,8 @@ class ElasticTrainer:
     ``should_stop`` is polled every step on every rank (e.g. a flag set by a SIGTERM or SIGUSR1
     handler); the ranks agree on it with one small Allreduce, checkpoint, and return.
     ``before_load`` is called once the model and optimizer exist and before the checkpoint is
-    read: a new run started while its predecessor is still stopping waits there.
+    read: a new run started while its predecessor is still stopping waits there, and returns
+    the listener that got the predecessor's state, if any (:mod:`.handover`).
     """
 
     def __init__(
@@ -244,7 +246,7 @@ class ElasticTrainer:
         should_stop: Callable[[], bool] = lambda: False,
         report_every: int = 5,
         started_at: float | None = None,
-        before_load: Callable[[], None] = lambda: None,
+        before_load: Callable[[], Receiver | None] = lambda: None,
         stop_at: int | None = None,
     ) -> None:
         self.task, self.comm, self.work = task, comm, int(work)
@@ -317,14 +319,16 @@ class ElasticTrainer:
         )
         # A warm start: everything above (imports, model, optimizer) ran while the fragment's
         # previous run was still stopping; wait for its checkpoint only now.
-        self.before_load()
+        received = self.before_load()
         # Another model's checkpoint (other keys, other shapes) is skipped like a damaged one.
         live = {"model": model, "optimizer": optimizer}
         found = agreed_latest(
             self.checkpoint_dir,
             comm,
             check=lambda saved: mismatch(saved, live, ("samples", "steps", "rng")),
+            received=received,
         )
+        from_peer = received is not None and received.received_at is not None
         state = None if found is None else found[1]
         samples = steps = 0
         stopped_at = None
@@ -423,6 +427,7 @@ class ElasticTrainer:
                         loaded_at=loaded_at,
                         first_step_at=now,
                         stopped_at=stopped_at,
+                        from_peer=from_peer and found is not None,
                     )
                 last_t, last_samples = now, samples
             elif rank == 0 and steps % self.report_every == 0:
@@ -449,7 +454,7 @@ class ElasticTrainer:
         path = self._save(saved, samples, steps, stopped)
         if rank == 0:
             self.reports.emit(status, world=world, samples=samples, loss=loss_value)
-        comm.Barrier()
+        quiet_barrier(comm)
         return TrainOutcome(
             status,
             samples,
@@ -500,7 +505,9 @@ class ElasticTrainer:
             "stopped_at": stopped_at,
             "pid": os.getpid(),
         }
-        return str(save_checkpoint(self.checkpoint_dir, state, samples))
+        # A stop's checkpoint goes to a warm successor first, if one listens (.handover).
+        handover = stopped_at is not None
+        return str(save_checkpoint(self.checkpoint_dir, state, samples, handover=handover))
 
 
 def _save_model(model: torch.nn.Module, path: Path) -> str:

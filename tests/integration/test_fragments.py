@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -265,3 +266,46 @@ def test_a_standby_asked_to_stop_exits_without_training(tmp_path: Path) -> None:
         assert not checkpoints(tmp_path / "ckpt")
     finally:
         new.kill()
+
+
+def _handover_run(tmp: Path, how: str) -> tuple[dict, dict]:
+    """A 1-rank successor set up and waiting (``--handover how``) before a 2-rank run stops
+    itself at 640 samples; the successor's start report and its result at 1,280."""
+    args = worker_args(tmp, 1280, after=tmp / "result.json", ready=tmp / "ready", handover=how)
+    args[args.index("--result") + 1] = str(tmp / "result-new.json")
+    new = subprocess.Popen(
+        [MPIEXEC, "-n", "1", *args],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp / "ready").exists():  # listening (peer), and waiting for the file
+            assert time.monotonic() < deadline and new.poll() is None, new.stderr.read()
+            time.sleep(0.05)
+        old = run(2, tmp, 10**6, stop_at=640, checkpoint_every=1000)
+        assert old.returncode == 0, old.stderr
+        assert result(tmp)["status"] == "stopped" and result(tmp)["samples"] == 640
+        assert new.wait(timeout=120) == 0, new.stderr.read()
+    finally:
+        new.kill()
+    resumed = wait_for_report(tmp, "start", min_samples=641)
+    return resumed, json.loads((tmp / "result-new.json").read_text())
+
+
+def test_a_warm_successor_takes_the_state_sent_as_it_would_the_file(tmp_path: Path) -> None:
+    """The stopping ranks send their state to the listening successor, which trains on from
+    it exactly as from the checkpoint file: same samples, the same model at the end."""
+    peer, file = tmp_path / "peer", tmp_path / "file"
+    peer_start, peer_result = _handover_run(peer, "peer")
+    file_start, file_result = _handover_run(file, "file")
+    assert peer_start["from_peer"] is True and file_start["from_peer"] is False
+    assert peer_start["samples"] == file_start["samples"] == 640 + _next_step(640)
+    assert peer_result["status"] == file_result["status"] == "done"
+    assert peer_result["samples"] == file_result["samples"] == 1280
+    a, b = _params(peer), _params(file)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not list((peer / "ckpt" / ".handover").glob("*.json"))  # the listener is gone
