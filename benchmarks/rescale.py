@@ -51,6 +51,7 @@ from parsl_bf.environment import THREADS_PER_RANK  # noqa: E402
 from parsl_bf.executor.agent import _output  # noqa: E402
 from parsl_bf.executor.ranks import RankGroup, RankPool, launch_ranks  # noqa: E402
 from parsl_bf.training.command import MPIEXEC, mpiexec_argv, worker_argv  # noqa: E402
+from parsl_bf.training.handover import MODES  # noqa: E402
 from tests.integration.fragments import rank_pids  # noqa: E402
 
 TASK = "parsl_bf.training.examples:resnet18_synthetic"
@@ -492,11 +493,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--handover",
-        choices=("auto", "peer", "file"),
-        default="auto",
-        help="how a warm successor (ranks: shrink, grow) takes the state: from the old ranks "
-        "over a socket (peer) or from the checkpoint file (file); auto: peer on a network "
-        "file system (the worker's default)",
+        choices=MODES,
+        default=HANDOVER[0],
+        help="how a warm successor (shrink, grow) takes the state (the worker's --handover): "
+        "the old ranks send it (peer), the checkpoint file (file), peer on a network file "
+        "system only (auto, the default)",
     )
     args = ap.parse_args()
     HANDOVER[0] = args.handover

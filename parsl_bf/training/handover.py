@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DIR",
     "MAX_BYTES",
+    "MODES",
     "NETWORK_FS",
     "Receiver",
     "agreed",
@@ -53,6 +54,8 @@ __all__ = [
     "use_peer",
 ]
 
+#: How a warm successor takes the state (the worker's ``--handover``): see :func:`use_peer`.
+MODES = ("auto", "peer", "file")
 #: The directory, inside a checkpoint directory, where listening new ranks say where they are.
 DIR = ".handover"
 #: The largest state a new rank accepts (bytes): a bound, so a bad length cannot exhaust memory.

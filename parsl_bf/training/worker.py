@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     )
     ap.add_argument(
         "--handover",
-        choices=("auto", "peer", "file"),
+        choices=handover.MODES,
         default="auto",
         help="with --after: take the previous run's state from its ranks over the network "
         "when they send it, else from its checkpoint file (peer); only from the file (file); "

@@ -215,28 +215,35 @@ def test_a_foreign_newest_checkpoint_falls_back_to_the_older_one(tmp_path: Path)
     assert result(tmp_path)["samples"] == 1280
 
 
+def _successor(tmp: Path, work: int, **flags) -> subprocess.Popen:
+    """One warm rank that takes over from the run writing ``result.json`` in ``tmp``."""
+    args = worker_args(tmp, work, after=tmp / "result.json", ready=tmp / "ready", **flags)
+    args[args.index("--result") + 1] = str(tmp / "result-new.json")
+    return subprocess.Popen(
+        [MPIEXEC, "-n", "1", *args],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_ready(tmp: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not (tmp / "ready").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+
+
 def test_warm_start_waits_for_the_previous_run(tmp_path: Path) -> None:
     """The next size starts before the old run stops, and resumes from the stop checkpoint."""
     old = start(2, tmp_path, 10**6, checkpoint_every=1000)
     try:
         pids = rank_pids(old, 2)
         wait_for_report(tmp_path, "step", min_samples=640)
-        args = worker_args(
-            tmp_path, 10**6, after=tmp_path / "result.json", ready=tmp_path / "ready"
-        )
-        args[args.index("--result") + 1] = str(tmp_path / "result-new.json")
-        new = subprocess.Popen(
-            [MPIEXEC, "-n", "1", *args],
-            cwd=ROOT,
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "ready").exists():  # the standby is set up, waiting
-            assert time.monotonic() < deadline and new.poll() is None
-            time.sleep(0.1)
+        new = _successor(tmp_path, 10**6)
+        _wait_ready(tmp_path, new)  # the standby is set up, waiting
         assert not (tmp_path / "result-new.json").exists()
         for pid in pids:
             os.kill(pid, signal.SIGUSR1)
@@ -271,21 +278,9 @@ def test_a_standby_asked_to_stop_exits_without_training(tmp_path: Path) -> None:
 def _handover_run(tmp: Path, how: str) -> tuple[dict, dict]:
     """A 1-rank successor set up and waiting (``--handover how``) before a 2-rank run stops
     itself at 640 samples; the successor's start report and its result at 1,280."""
-    args = worker_args(tmp, 1280, after=tmp / "result.json", ready=tmp / "ready", handover=how)
-    args[args.index("--result") + 1] = str(tmp / "result-new.json")
-    new = subprocess.Popen(
-        [MPIEXEC, "-n", "1", *args],
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    new = _successor(tmp, 1280, handover=how)
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp / "ready").exists():  # listening (peer), and waiting for the file
-            assert time.monotonic() < deadline and new.poll() is None, new.stderr.read()
-            time.sleep(0.05)
+        _wait_ready(tmp, new)  # listening (peer), and waiting for the file
         old = run(2, tmp, 10**6, stop_at=640, checkpoint_every=1000)
         assert old.returncode == 0, old.stderr
         assert result(tmp)["status"] == "stopped" and result(tmp)["samples"] == 640
