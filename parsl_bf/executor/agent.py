@@ -71,7 +71,8 @@ LOST_GRACE_S = 1.0
 
 
 class WarmProc:
-    """A plain app forked by the warm host: ``pid`` (its group) once the host told it."""
+    """A plain app in a worker of the warm host: ``pid`` (its group) once the host told it; None
+    again once it is done and its worker lives on (the group is the next app's)."""
 
     def __init__(self) -> None:
         self.pid: int | None = None
@@ -143,6 +144,8 @@ class WarmHost:
                         killpg(proc.pid, sig)
                     proc.pending.clear()
                 if "code" in msg:
+                    if msg.get("alive"):  # a worker that runs the next app: not its group
+                        proc.pid = None
                     proc.returncode = int(msg["code"])
                     del self.apps[str(msg["key"])]
 

@@ -1,25 +1,28 @@
-"""The warm host: forks plain apps from one process that has imported the runner already.
+"""The warm host: runs plain apps in workers forked once from a process that has imported the
+runner already.
 
 ``python -m parsl_bf.executor.warmhost FD``, started by the agent (one per pilot), ``FD`` its
 end of a Unix socket pair. Starting a Python that imports Parsl and unpacks the app costs about
-a second per plain app; the host pays it once, as HTEX's worker pool does, and forks a child
-per app, as :mod:`multiprocessing`'s forkserver does. It stays single-threaded (no ZeroMQ in
-it) so that forking is safe.
+a second per plain app, and even a fork of this process costs 3.7 ms; the host pays them once,
+as HTEX's worker pool does. It stays single-threaded (no ZeroMQ in it) so that forking is safe.
 
-The agent sends one JSON line per app, ``{key, src, out, env, cwd, stdout, stderr}``. The
-host forks a child that starts a session of its own (its own process group, as the agent's
-subprocesses have: the agent signals the group by the child's pid), changes to ``cwd``, adds
-``env`` to its environment (``PYTHONPATH`` entries to ``sys.path`` too, as a fresh interpreter
-would have them), points fds 0, 1, 2 at ``/dev/null``, ``stdout`` and ``stderr`` (appending),
-runs :func:`parsl_bf.executor.runner.main` on ``[src, out]`` and exits with its code. The host
-answers ``{key, pid}`` once the child is in its own session (so a signal to that group reaches
-it) and ``{key, code}`` when it reaps it (negative: killed by that signal, as
-:attr:`subprocess.Popen.returncode` says), in that order per key.
+The agent sends one JSON line per app, ``{key, src, out, env, cwd, stdout, stderr}``. The host
+gives it to an idle worker, forking one if none is idle. A worker is in a session of its own
+(its own process group, as the agent's subprocesses are: the agent signals the group by the
+worker's pid). For each app it restores what a fresh interpreter would have: the environment
+it was forked with plus ``env`` (``PYTHONPATH`` entries in ``sys.path`` too), ``cwd``, default
+signal handlers, no ``atexit`` handlers; it points fds 0, 1, 2 at ``/dev/null``, ``stdout`` and
+``stderr`` (appending), runs :func:`parsl_bf.executor.runner.main` on ``[src, out]``, runs the
+app's ``atexit`` handlers, and KILLs what the app left in its process group. The host answers
+``{key, pid}`` once a worker has the app and ``{key, code, alive: true}`` when it is done, or
+``{key, code}`` (negative: killed by that signal, as :attr:`subprocess.Popen.returncode` says)
+when the worker died with it, in that order per key.
 
 The host never outlives the agent: the kernel KILLs it when the agent dies (Linux's
 ``PR_SET_PDEATHSIG``), and it exits when its socket closes or its parent changes, KILLing
-the process groups of the children it still has. It ignores the signals that mean a
-preemption (the agent forwards those to each app's group itself).
+the process groups of its workers; an idle worker ends when the host's end of its socket
+closes. It ignores the signals that mean a preemption (the agent forwards those to each app's
+group itself).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import socket
 import sys
 import threading
 import traceback
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from . import runner
 
@@ -53,22 +57,32 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _child(req: dict[str, Any], inherited: list[int]) -> int:
-    """In the forked child: become the app's process and run it; returns the exit code."""
+class _Baseline:
+    """What a worker restores before each app: the environment, path and signal handlers it
+    was forked with, as a fresh interpreter would start each app with its own."""
+
+    def __init__(self) -> None:
+        self.environ = dict(os.environ)
+        self.path = list(sys.path)
+        self.argv = list(sys.argv)
+
+
+def _run_app(req: dict[str, Any], base: _Baseline) -> int:
+    """In a worker: set up as the app's process would be, run the app; its exit code."""
     signal.set_wakeup_fd(-1)
     for sig in (*IGNORED, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-    for fd in inherited:
-        os.close(fd)
-    atexit._clear()  # the host's exit handlers are not the app's
+    atexit._clear()  # the host's (or the last app's) exit handlers are not this app's
     if req.get("cwd"):
         os.chdir(req["cwd"])
     env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
+    os.environ.clear()
+    os.environ.update(base.environ)
     os.environ.update(env)
     # What a fresh `python -m` would have on sys.path: the cwd first, then PYTHONPATH.
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.getcwd(), *extra, *(p for p in sys.path[1:] if p not in extra)]
+    sys.path[:] = [os.getcwd(), *extra, *(p for p in base.path[1:] if p not in extra)]
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     for fd, path in ((1, req.get("stdout")), (2, req.get("stderr"))):
@@ -87,57 +101,145 @@ def _child(req: dict[str, Any], inherited: list[int]) -> int:
         atexit._run_exitfuncs()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
     return code
+
+
+def _kill_leftovers() -> None:
+    """KILL what an app left in this worker's process group (its subprocesses), as the agent
+    does to an app's group when its process ends; this worker stays for the next app."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == me:  # its process group is ours
+                os.kill(int(entry), signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:  # no zombies of ours
+            pass
+
+
+def _worker(sock: socket.socket, inherited: list[int]) -> NoReturn:
+    """A forked worker: in a session of its own, it runs the apps the host sends it, one at a
+    time, answering each with its exit code; it ends when the host closes its socket."""
+    code = 126
+    try:
+        os.setsid()
+        for fd in inherited:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        base = _Baseline()
+        sock.setblocking(True)
+        reader = sock.makefile("rb")
+        sock.sendall(b"{}\n")  # in its own session: a signal to its group reaches it now
+        for line in reader:
+            code = _run_app(json.loads(line), base)
+            _kill_leftovers()
+            sock.sendall(json.dumps({"code": code}).encode() + b"\n")
+        code = 0
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+@dataclass
+class _Worker:
+    pid: int
+    sock: socket.socket  # the host's end
+    key: str | None = None  # the app it runs; None: idle
+    buf: bytes = b""
 
 
 class _Host:
     def __init__(self, sock: socket.socket, parent: int) -> None:
         self.sock, self.parent = sock, parent
-        self.children: dict[int, str] = {}  # pid → key
+        self.workers: dict[int, _Worker] = {}  # pid → worker
         self.wake_r, self.wake_w = os.pipe()
 
     def send(self, msg: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(msg).encode() + b"\n")
 
-    def fork(self, req: dict[str, Any]) -> None:
-        key = str(req["key"])
+    def _spawn(self) -> _Worker:
         sys.stdout.flush()
         sys.stderr.flush()
-        ready_r, ready_w = os.pipe()
+        mine, theirs = socket.socketpair()
+        others = [w.sock.fileno() for w in self.workers.values()]
         pid = os.fork()
         if pid == 0:  # the child
-            code = 126
-            try:
-                os.setsid()
-                os.close(ready_w)  # the host reads EOF: we are in our own session
-                os.close(ready_r)
-                code = _child(req, [self.sock.fileno(), self.wake_r, self.wake_w])
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                with contextlib.suppress(Exception):
-                    sys.stderr.flush()
-                os._exit(code)
-        os.close(ready_w)
-        os.read(ready_r, 1)  # EOF once the child called setsid (or died)
-        os.close(ready_r)
-        self.children[pid] = key
-        self.send({"key": key, "pid": pid})
+            mine.close()
+            _worker(theirs, [self.sock.fileno(), self.wake_r, self.wake_w, *others])
+        theirs.close()
+        mine.settimeout(30.0)
+        if mine.recv(3) != b"{}\n":  # it called setsid, or died
+            mine.close()
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            raise OSError("a warm worker died before it was ready")
+        mine.setblocking(False)
+        worker = self.workers[pid] = _Worker(pid, mine)
+        return worker
+
+    def run(self, req: dict[str, Any]) -> None:
+        """Hand the app to an idle worker (forking one if none is), as :func:`_worker` runs it."""
+        key = str(req["key"])
+        idle = [w for w in self.workers.values() if w.key is None]
+        try:
+            worker = idle[0] if idle else self._spawn()
+        except OSError:
+            self.send({"key": key, "code": 126})
+            return
+        worker.key = key
+        worker.sock.setblocking(True)
+        with contextlib.suppress(OSError):  # it died just now: the reap reports the app's end
+            worker.sock.sendall(json.dumps(req).encode() + b"\n")
+        worker.sock.setblocking(False)
+        self.send({"key": key, "pid": worker.pid})
+
+    def answers(self, worker: _Worker) -> None:
+        """An app's exit code from its worker, which is idle again."""
+        try:
+            data = worker.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # it is ending: the reap says how
+            worker.sock.close()
+            return
+        worker.buf += data
+        while b"\n" in worker.buf:
+            line, worker.buf = worker.buf.split(b"\n", 1)
+            if worker.key is not None:  # alive: its group is clean, and it stays
+                code = int(json.loads(line)["code"])
+                self.send({"key": worker.key, "code": code, "alive": True})
+                worker.key = None
 
     def reap(self) -> None:
-        while self.children:
+        while self.workers:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            key = self.children.pop(pid, None)
-            if key is not None:
-                self.send({"key": key, "code": os.waitstatus_to_exitcode(status)})
+            worker = self.workers.pop(pid, None)
+            if worker is None:
+                continue
+            with contextlib.suppress(OSError):
+                worker.sock.close()
+            if worker.key is not None:  # it died running an app: that app's end
+                self.send({"key": worker.key, "code": os.waitstatus_to_exitcode(status)})
 
     def serve(self) -> int:
         for fd in (self.wake_r, self.wake_w):
@@ -149,10 +251,14 @@ class _Host:
         buf = b""
         try:
             while os.getppid() == self.parent:
-                ready, _, _ = select.select([self.sock, self.wake_r], [], [], 1.0)
+                live = {w.sock: w for w in self.workers.values() if w.sock.fileno() >= 0}
+                ready, _, _ = select.select([self.sock, self.wake_r, *live], [], [], 1.0)
                 if self.wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self.wake_r, 4096)
+                for sock in ready:
+                    if sock in live:
+                        self.answers(live[sock])
                 if self.sock in ready:
                     data = self.sock.recv(65536)
                     if not data:
@@ -160,13 +266,13 @@ class _Host:
                     buf += data
                     while b"\n" in buf:
                         line, buf = buf.split(b"\n", 1)
-                        self.fork(json.loads(line))
+                        self.run(json.loads(line))
                 self.reap()
             return 0
         except (BrokenPipeError, ConnectionResetError):
             return 0
         finally:
-            for pid in self.children:  # the agent is gone: so is their work
+            for pid in self.workers:  # the agent is gone: so is their work
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
 

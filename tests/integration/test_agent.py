@@ -230,6 +230,23 @@ def sleep_noting(ready: str) -> None:
     time.sleep(60)
 
 
+def leave_behind(flag: str) -> dict:
+    """A plain app that changes what a process may change and starts a child it never waits
+    for, in its own process group."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    os.environ["LEFT_BY_THE_LAST_APP"] = flag
+    os.chdir("/")
+    return {"pid": os.getpid(), "child": child.pid}
+
+
+def what_is_left() -> dict:
+    return {
+        "pid": os.getpid(),
+        "env": os.environ.get("LEFT_BY_THE_LAST_APP"),
+        "cwd": os.getcwd(),
+    }
+
+
 def _plain(key: str, tmp_path: Path, func, *args, **kw) -> tuple[dict, Path]:
     src, out = tmp_path / f"{key}.in", tmp_path / f"{key}.app.out"
     src.write_bytes(pack_apply_message(func, args, {}))
@@ -275,6 +292,22 @@ def test_a_plain_app_runs_forked_from_the_warm_host(warm_agent, tmp_path: Path) 
     events.wait(PilotGone("pilot.1", "bye"))
     assert proc.wait(30) == 0  # a hang guard, not a speed bound
     assert not alive(seen["ppid"])  # no host outlives its agent
+
+
+def test_the_next_app_runs_in_the_same_worker_with_nothing_left(warm_agent, tmp_path: Path) -> None:
+    """A worker of the warm host runs app after app (no fork per app), and each starts as
+    in a fresh process: the last app's environment, cwd and subprocesses are gone."""
+    server, events, _ = warm_agent
+    msg, out = _plain("first", tmp_path, leave_behind, "yes", cwd=str(tmp_path))
+    server.send("pilot.1", msg)
+    events.wait(ProcessExited("pilot.1", "first", 0))
+    first = read_outcome(out)[1]
+    until(lambda: not alive(first["child"]), 30, "the app's subprocess outlived it")
+    msg, out = _plain("second", tmp_path, what_is_left, cwd=str(tmp_path))
+    server.send("pilot.1", msg)
+    events.wait(ProcessExited("pilot.1", "second", 0))
+    second = read_outcome(out)[1]
+    assert second == {"pid": first["pid"], "env": None, "cwd": str(tmp_path)}
 
 
 def test_a_killed_warm_host_is_replaced_and_its_app_lost(warm_agent, tmp_path: Path) -> None:
