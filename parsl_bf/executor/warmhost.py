@@ -58,13 +58,12 @@ def _die_with_parent() -> None:
 
 
 class _Baseline:
-    """What a worker restores before each app: the environment, path and signal handlers it
-    was forked with, as a fresh interpreter would start each app with its own."""
+    """What a worker restores before each app: the environment and ``sys.path`` it was forked
+    with (signal handlers go back to their defaults in :func:`_run_app`)."""
 
     def __init__(self) -> None:
         self.environ = dict(os.environ)
         self.path = list(sys.path)
-        self.argv = list(sys.argv)
 
 
 def _run_app(req: dict[str, Any], base: _Baseline) -> int:

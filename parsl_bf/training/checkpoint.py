@@ -321,6 +321,14 @@ def load(path: str | Path) -> dict[str, Any]:
     return _decode(stored)
 
 
+def _misfit(state: dict[str, Any], check: Check | None) -> str | None:
+    """Why ``state`` does not pass ``check``, or None."""
+    try:
+        return None if check is None else check(state)
+    except Exception as exc:  # a state of another layout than the check expects
+        return f"{type(exc).__name__}: {exc}"
+
+
 def _usable(path: Path, check: Check | None, reasons: dict[str, str]) -> dict[str, Any] | None:
     """The state at ``path`` if it loads, verifies and passes ``check``; else None, the reason
     logged and kept in ``reasons``."""
@@ -330,10 +338,7 @@ def _usable(path: Path, check: Check | None, reasons: dict[str, str]) -> dict[st
         log.warning("skipping unreadable checkpoint %s: %s", path, exc)
         reasons[path.name] = type(exc).__name__
         return None
-    try:
-        why = None if check is None else check(state)
-    except Exception as exc:  # a state of another layout than the check expects
-        why = f"{type(exc).__name__}: {exc}"
+    why = _misfit(state, check)
     if why:
         log.warning("skipping checkpoint %s, which does not fit: %s", path, why)
         reasons[path.name] = f"does not fit: {why}"
@@ -377,16 +382,10 @@ def agreed_latest(
     ``check`` on every rank. Its path is the file that fragment writes."""
     d = Path(directory)
     if received is not None:
-        sent = _handover.agreed(received, comm)
         received.close()
-        state = None if sent is None else _decode(sent)
-        why = None
-        if state is not None and check is not None:
-            try:
-                why = check(state)
-            except Exception as exc:
-                why = f"{type(exc).__name__}: {exc}"
-        if all(comm.allgather(state is not None and not why)):
+        state = None if received.state is None else _decode(received.state)
+        why = None if state is None else _misfit(state, check)
+        if all(comm.allgather(state is not None and not why)):  # one agreement: got, and fits
             assert state is not None
             return d / f"ckpt-{int(state['samples']):015d}.pt", state
         if why:

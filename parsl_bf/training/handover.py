@@ -16,7 +16,8 @@ Now the state goes over the network first and to the file after:
 - a new rank takes a state only from a sender that knows its token, of at most the length
   announced and :data:`MAX_BYTES`, and reads it with ``torch.load(weights_only=True)``, as a
   checkpoint file. The stream is not digested: the digest guards files on disk;
-- the new ranks agree (:func:`agreed`): all use what was sent, or all read the files as before
+- the new ranks agree (in :func:`~parsl_bf.training.checkpoint.agreed_latest`): all use what
+  was sent, or all read the files as before
   (a predecessor that was killed, a connection that failed, a state of another model).
 
 A stopping fragment with no listener (a preemption: its successor starts later) only writes
@@ -47,7 +48,6 @@ __all__ = [
     "MODES",
     "NETWORK_FS",
     "Receiver",
-    "agreed",
     "filesystem",
     "offer",
     "serialise",
@@ -209,13 +209,3 @@ def offer(checkpoint_dir: str | Path, data: bytes) -> int:
         except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
             log.info("hand-over: %s not reached (%s): the file will do", record_path.name, exc)
     return sent
-
-
-def agreed(receiver: Receiver | None, comm: Any) -> dict[str, Any] | None:
-    """The state every rank of ``comm`` received, or None on every rank if any has none."""
-    import numpy as np
-    from mpi4py import MPI
-
-    got = np.array([1.0 if receiver is not None and receiver.got else 0.0])
-    comm.Allreduce(MPI.IN_PLACE, got, op=MPI.MIN)
-    return receiver.state if got[0] and receiver is not None else None
