@@ -432,14 +432,28 @@ done
         self._place_waiting(now)
 
     def _end(self, job_ids: list[str]) -> None:
-        """Waiting pilots are dropped, submitted ones cancelled by the scheduler."""
+        """Waiting pilots are dropped, submitted ones cancelled by the scheduler.
+
+        A submitted pilot is asked about first: one that the scheduler has ended or is
+        preempting since the last poll (a scale-in or shutdown right after a preemption) keeps
+        that end, so that a preemption is never recorded as our own cancel."""
         submitted = []
         for job_id in job_ids:
             job = self._jobs[job_id]
+            pilot = job.pilot
             if job.request is not None:
-                assert job.pilot.scheduler_id is not None
-                submitted.append(job.pilot.scheduler_id)
-            job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
+                assert pilot.scheduler_id is not None
+                try:
+                    self._refresh(job)
+                except SchedulerError as exc:  # cancel anyway; the reason is ours then
+                    log.warning("pilot %s: status unknown before cancel: %s", job_id, exc)
+                if pilot.state in TERMINAL_STATES:
+                    continue
+                submitted.append(pilot.scheduler_id)
+                if pilot.signalled_at is not None:  # in its grace time: the cancel only hastens it
+                    pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+                    continue
+            pilot.state, pilot.reason = JobState.CANCELLED, "cancelled"
         if not submitted:
             return
         try:

@@ -221,7 +221,8 @@ def test_backfill_executor_on_slurm_pilots_through_a_main_job(slurm, tmp_path: P
         outcomes = [f.result(timeout=600) for f in trials]
     assert all(o["status"] == "done" and o["samples"] == 3000 for o in outcomes)
     assert executor.preemptions >= 1
-    assert any(p.reason == "preempted" for p in provider.pilots.values())
+    ends = {p.job_id: (p.state.name, p.reason) for p in provider.pilots.values()}
+    assert any(reason == "preempted" for _state, reason in ends.values()), ends
     run(slurm, "scancel", busy)
 
 

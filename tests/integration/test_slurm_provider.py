@@ -61,6 +61,28 @@ def test_pilot_sized_to_the_hole_then_preempted(slurm, tmp_path: Path) -> None:
     run(slurm, "scancel", busy)
 
 
+def test_a_cancel_after_an_unpolled_preemption_keeps_the_preemption(slurm, tmp_path: Path) -> None:
+    # The executor's shutdown (or a scale-in) may cancel a pilot that the scheduler preempted
+    # after the provider's last poll: the pilot's end is still the scheduler's.
+    p = _provider(tmp_path, max_nodes=4)
+    pilot_id = p.submit("sleep 600", 1)
+    until(lambda: p.status([pilot_id])[0].state is JobState.RUNNING, 60)
+    scheduler_id = p.pilots[pilot_id].scheduler_id
+    main = sbatch(slurm, "main", 4, "sleep 1", "--time=1")  # needs the pilot's nodes
+    until(lambda: job(slurm, scheduler_id).get("PreemptTime", "None") != "None", 60)
+    assert p.pilots[pilot_id].state is JobState.RUNNING  # not polled since
+    p.cancel([pilot_id])
+    pilot = p.pilots[pilot_id]
+    assert (pilot.state, pilot.reason) == (JobState.TIMEOUT, "preempted")
+    assert p.cancel([pilot_id]) == [False]  # ended once
+    until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
+    # A pilot that nothing preempted is our own cancel.
+    other = p.submit("sleep 600", 1)
+    until(lambda: p.status([other])[0].state is JobState.RUNNING, 90)
+    assert p.cancel([other]) == [True]
+    assert (p.pilots[other].state, p.pilots[other].reason) == (JobState.CANCELLED, "cancelled")
+
+
 def test_stock_htex_finishes_every_app_through_a_preemption(
     slurm, tmp_path: Path, monkeypatch
 ) -> None:
