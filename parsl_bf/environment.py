@@ -2,12 +2,23 @@
 
 A pilot's job script exports :data:`PILOT_JOB_ID`, :data:`PILOT_NODES` and :data:`PILOT_END`
 for its agent (:mod:`parsl_bf.executor.agent`); the executor sets :data:`THREADS_PER_RANK`
-for the ranks of an emulated node; configs and workflows take :data:`DATA` as the data root.
+for the ranks of an emulated node, and the agent :data:`LOCAL_RANK` and :data:`LOCAL_RANKS`
+for each rank of a node that runs several (one per GPU); the agent counts a node's GPUs from
+:data:`VISIBLE_GPUS` where it is set; configs and workflows take :data:`DATA` as the data root.
 """
 
 from __future__ import annotations
 
-__all__ = ["DATA", "PILOT_END", "PILOT_JOB_ID", "PILOT_NODES", "THREADS_PER_RANK"]
+__all__ = [
+    "DATA",
+    "LOCAL_RANK",
+    "LOCAL_RANKS",
+    "PILOT_END",
+    "PILOT_JOB_ID",
+    "PILOT_NODES",
+    "THREADS_PER_RANK",
+    "VISIBLE_GPUS",
+]
 
 #: The pilot's id: the Parsl job id its provider gave it.
 PILOT_JOB_ID = "PARSL_BF_JOB_ID"
@@ -17,5 +28,13 @@ PILOT_NODES = "PARSL_BF_NODES"
 PILOT_END = "PARSL_BF_PILOT_END"
 #: Torch threads per training rank (default: the cores of the node over its ranks).
 THREADS_PER_RANK = "PARSL_BF_THREADS_PER_RANK"
+#: A rank's index among the ranks of its node (0 … LOCAL_RANKS − 1): its GPU is
+#: ``cuda:<LOCAL_RANK>``. Set by the agent for each rank it starts.
+LOCAL_RANK = "PARSL_BF_LOCAL_RANK"
+#: How many ranks the fragment runs on this rank's node (one per GPU, else one).
+LOCAL_RANKS = "PARSL_BF_LOCAL_RANKS"
+#: CUDA's own list of the GPUs a process may use (Slurm's ``--gpus`` and PBS's ``ngpus`` set
+#: it); the agent honours it.
+VISIBLE_GPUS = "CUDA_VISIBLE_DEVICES"
 #: Where the traces and job sets are (``${PARSL_BF_DATA}`` in configs).
 DATA = "PARSL_BF_DATA"

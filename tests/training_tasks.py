@@ -187,3 +187,22 @@ def paced_digits(per_sample_s: float = 1e-3, **options):
 
     task.step = step
     return task
+
+
+def rank_recorder(record: str, **options):
+    """``digits_cnn``; each rank that builds it writes ``record/<pid>.json``: its index among
+    its node's ranks, its node's ranks (as its launcher told it) and its device."""
+    import json
+    import os
+
+    from parsl_bf import environment
+    from parsl_bf.training.trainer import local_rank, rank_device
+
+    place = {
+        "local_rank": local_rank(MPI.COMM_WORLD),
+        "local_ranks": os.environ.get(environment.LOCAL_RANKS),
+        "device": str(rank_device(MPI.COMM_WORLD)),
+    }
+    with open(f"{record}/{os.getpid()}.json", "w") as f:
+        json.dump(place, f)
+    return digits_cnn(**options)

@@ -53,6 +53,7 @@ import zmq
 from .. import environment
 from . import runner
 from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
+from .gpus import node_gpus
 from .ranks import RANKS_KEY, RankGroup, RankPool, killpg, launch_ranks
 
 __all__ = ["Agent", "Identity", "main"]
@@ -180,6 +181,7 @@ class Identity:
     nodes: tuple[str, ...]
     ends_at: float | None
     host: str
+    gpus: int = 0  # per node (the pilot's nodes are alike): one fragment rank runs per GPU
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Identity:
@@ -198,7 +200,7 @@ class Identity:
                     "%s=%r is not a time", environment.PILOT_END, env[environment.PILOT_END]
                 )
         pilot = env.get(environment.PILOT_JOB_ID) or f"{host}:{os.getpid()}"
-        return cls(pilot, nodes or (host,), ends_at, host)
+        return cls(pilot, nodes or (host,), ends_at, host, node_gpus(env))
 
 
 class Agent:
@@ -518,8 +520,11 @@ class Agent:
     def _serve(self, poller: zmq.Poller, wake_r: int) -> int:
         i = self.identity
         registration = {"pilot": i.pilot, "nodes": list(i.nodes), "ends_at": i.ends_at}
-        self._sock.send_multipart(self.session.register({**registration, "host": i.host}))
-        log.info("registering with %s: nodes %s", self.url, ",".join(i.nodes))
+        registration |= {"host": i.host, "gpus": i.gpus}
+        self._sock.send_multipart(self.session.register(registration))
+        log.info(
+            "registering with %s: nodes %s, %d GPU(s) each", self.url, ",".join(i.nodes), i.gpus
+        )
         started = self._last_heard = self._loop_at = time.monotonic()
         while True:
             # A rank waiting for a standby that is still starting: look for it often.

@@ -22,8 +22,9 @@ which proves that the agent holds the secret *and* saw ``N_s``, makes the pilot 
 
 Each agent (:mod:`parsl_bf.executor.agent`, a DEALER) says, by ``op``:
 
-``register`` {pilot, nodes, ends_at, host, nonce}
-    answered by ``welcome`` {heartbeat_timeout_s, ping_s, silence_s}; the agent's next message
+``register`` {pilot, nodes, ends_at, host, gpus, nonce}
+    ``gpus``: each node's GPUs (0 on CPU nodes; absent from older agents: 0). Answered by
+    ``welcome`` {heartbeat_timeout_s, ping_s, silence_s}; the agent's next message
     is reported as :class:`PilotUp`
 ``heartbeat``
     any message counts as a sign of life; none for ``heartbeat_timeout_s``: :class:`PilotGone`
@@ -42,9 +43,10 @@ and is told, through :meth:`PilotServer.send`:
     :func:`parsl_bf.executor.runner.command`: the agent may fork it from its warm host
     (:mod:`parsl_bf.executor.warmhost`) instead, a process all the same to the executor (its
     own session, signalled by key, ``exited`` with its code; -9 if the host died under it).
-    With ``"ranks": {first, count, of, mpiexec, hosts?}`` (a fragment's ranks), ``argv`` is one
-    rank's worker command and the agent starts ``count`` ranks, each on a standby rank or as
-    ``mpiexec -n 1`` (:mod:`parsl_bf.executor.ranks`): one process to the executor
+    With ``"ranks": {first, count, of, mpiexec, hosts?, per_node?}`` (a fragment's ranks),
+    ``argv`` is one rank's worker command and the agent starts ``count`` ranks, ``per_node``
+    (default 1) to a node, each on a standby rank or as ``mpiexec -n 1``
+    (:mod:`parsl_bf.executor.ranks`): one process to the executor
 ``warm_ranks`` {size, mpiexec}
     keep ``size`` standby ranks from now on (there is training to do)
 ``signal`` {key, signal}
@@ -118,6 +120,8 @@ from typing import Any
 import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
+
+from .gpus import MAX_GPUS
 
 __all__ = [
     "AgentSession",
@@ -381,12 +385,14 @@ class ServerSession(_Session):
 
 @dataclass(frozen=True)
 class PilotUp:
-    """A pilot's agent registered: its nodes, its walltime end (epoch seconds) and host."""
+    """A pilot's agent registered: its nodes, its walltime end (epoch seconds), host, and the
+    GPUs of each of its nodes (0: CPU nodes)."""
 
     pilot: str
     nodes: tuple[str, ...]
     ends_at: float | None
     host: str
+    gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -811,7 +817,11 @@ class PilotServer:
                 raise TypeError("nodes must be a list of strings")
             if not (_is_nonce(nonce) and msg.get("seq") == 0 and msg.get("from") == "agent"):
                 raise ValueError("no nonce, or not the first message of an agent")
-            up = PilotUp(pilot, tuple(nodes), None if ends_at is None else float(ends_at), host)
+            gpus = msg.get("gpus", 0)  # an agent of an older version sends none
+            if type(gpus) is not int or not 0 <= gpus <= MAX_GPUS:
+                raise ValueError(f"gpus must be an integer in [0, {MAX_GPUS}]")
+            ends = None if ends_at is None else float(ends_at)
+            up = PilotUp(pilot, tuple(nodes), ends, host, gpus)
         except (KeyError, TypeError, ValueError) as exc:
             self._refuse(identity, frame, f"malformed registration: {exc}")
             return

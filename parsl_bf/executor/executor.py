@@ -507,9 +507,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         for pilot, up in self.server.pilots.items():
             if pilot not in self._warmed:
                 self._warmed.add(pilot)
-                self._send(
-                    pilot, {"op": "warm_ranks", "size": len(up.nodes), "mpiexec": self.mpiexec}
-                )
+                size = len(up.nodes) * max(1, up.gpus)  # a standby for each rank it may run
+                self._send(pilot, {"op": "warm_ranks", "size": size, "mpiexec": self.mpiexec})
 
     def _events_of(self, item: object) -> list[Event]:
         """The lifecycle events of one arrival, with the files it left read now."""
@@ -652,9 +651,12 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         d = self._submissions[start.task].directory
         d.fragment(start.generation).mkdir(parents=True, exist_ok=True)
         groups = len(start.placement)
-        ranks = sum(len(hosts) for _, hosts in start.placement)
+        per_node = {pilot: self._ranks_per_node(pilot) for pilot, _ in start.placement}
+        ranks = sum(len(hosts) * per_node[pilot] for pilot, hosts in start.placement)
         first = 0
         for g, (pilot, hosts) in enumerate(start.placement):
+            per = per_node[pilot]
+            count = len(hosts) * per
             flags: dict[str, Any] = {
                 "checkpoint_every": self.checkpoint_every,
                 "report": d.progress,
@@ -672,16 +674,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 flags |= {"after": d.result(start.after), "ready": d.ready(start.generation)}
             argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
             rank_spec = None
+            env = {"PYTHONPATH": _pythonpath()}
             if self.warm_ranks:  # the agent starts each rank, on a standby if it has one
-                rank_spec = {"first": first, "count": len(hosts), "of": ranks}
+                rank_spec = {"first": first, "count": count, "of": ranks, "per_node": per}
                 rank_spec["mpiexec"] = self.mpiexec
                 if self.mpi_hosts:
-                    rank_spec["hosts"] = list(hosts)
-            else:
+                    rank_spec["hosts"] = [h for h in hosts for _ in range(per)]
+            else:  # a rank's place on its node is Hydra's MPI_LOCALRANKID
                 hosts_ = hosts if self.mpi_hosts else None
-                argv = mpiexec_argv(len(hosts), hosts_, self.mpiexec) + argv
-            first += len(hosts)
-            env = {"PYTHONPATH": _pythonpath()}
+                argv = mpiexec_argv(count, hosts_, self.mpiexec, per) + argv
+                env[environment.LOCAL_RANKS] = str(per)
+            first += count
             if self._emulated:
                 env[environment.THREADS_PER_RANK] = "1"
             self._launch(
@@ -699,6 +702,11 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             pilots=[p for p, _ in start.placement],
             after=start.after,  # a warm successor of that generation
         )
+
+    def _ranks_per_node(self, pilot: str) -> int:
+        """A fragment's ranks on each node of ``pilot``: one per GPU, one on CPU nodes."""
+        up = self.server.pilots.get(pilot) if self.server is not None else None
+        return max(1, up.gpus) if up is not None else 1
 
     def _run_plain(self, run: RunPlain) -> None:
         d = self._submissions[run.task].directory

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import environment
 from ..training.command import WORKER_MODULE
 
 __all__ = ["RANKS_KEY", "RankGroup", "RankPool", "Standby", "killpg", "launch_ranks", "rank_argv"]
@@ -38,7 +39,8 @@ __all__ = ["RANKS_KEY", "RankGroup", "RankPool", "Standby", "killpg", "launch_ra
 log = logging.getLogger("parsl_bf.executor.agent")
 
 #: The ``launch`` field that makes it a fragment's ranks: {"first", "count", "of", "mpiexec",
-#: "hosts"?}; ``argv`` is then one rank's worker command without ``--group``/``--groups``.
+#: "hosts"? (one per rank), "per_node"? (ranks to a node, one per GPU; default 1)}; ``argv`` is
+#: then one rank's worker command without ``--group``/``--groups``.
 RANKS_KEY = "ranks"
 #: A taken standby is replaced this much later: a replacement's imports would compete with the
 #: first steps of the fragment that took it, on the same cores.
@@ -322,7 +324,8 @@ def launch_ranks(
     ``host``, else as ``mpiexec -n 1 [-hosts H]`` of its command. ``output(path)`` opens a
     process's output file as the agent does. Raises what a process's launch would (OSError)."""
     first, count, total = int(ranks["first"]), int(ranks["count"]), int(ranks["of"])
-    hosts = ranks.get("hosts")
+    hosts = ranks.get("hosts")  # one per rank
+    per_node = max(1, int(ranks.get("per_node", 1)))  # a node's ranks are consecutive
     if cwd is not None and not os.path.isdir(cwd):
         raise FileNotFoundError(f"no such directory: {cwd!r}")
     group = RankGroup(key)
@@ -331,7 +334,9 @@ def launch_ranks(
             command = rank_argv(argv, first + i, total)
             here = not hosts or hosts[i] == host
             worker = command[1:3] == ["-m", WORKER_MODULE]
-            job = {"argv": command[3:], "env": env, "cwd": cwd}  # its flags
+            local = {environment.LOCAL_RANK: str(i % per_node)}
+            rank_env = env | local | {environment.LOCAL_RANKS: str(per_node)}
+            job = {"argv": command[3:], "env": rank_env, "cwd": cwd}  # its flags
             job |= {"stdout": stdout, "stderr": stderr}
             line = json.dumps(job).encode() + b"\n"
             standby = pool.take(line) if pool is not None and here and worker else None
@@ -345,7 +350,7 @@ def launch_ranks(
             with output(stdout) as out, output(stderr) as err:
                 proc = subprocess.Popen(
                     cold + command,
-                    env={**os.environ, **env},
+                    env={**os.environ, **rank_env},
                     cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=out,

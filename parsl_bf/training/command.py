@@ -39,10 +39,13 @@ def worker_argv(
 
 
 def mpiexec_argv(
-    ranks: int, hosts: Sequence[str] | None = None, mpiexec: str = MPIEXEC
+    ranks: int, hosts: Sequence[str] | None = None, mpiexec: str = MPIEXEC, per_node: int = 1
 ) -> list[str]:
-    """``mpiexec -n RANKS [-hosts H1,H2,…]``, to put before :func:`worker_argv`."""
+    """``mpiexec -n RANKS [-ppn PER_NODE] [-hosts H1,H2,…]``, to put before
+    :func:`worker_argv` (``-ppn``: a node's ranks consecutive, e.g. one per GPU)."""
     argv = [mpiexec, "-n", str(ranks)]
+    if per_node > 1:
+        argv += ["-ppn", str(per_node)]
     if hosts:
         argv += ["-hosts", ",".join(hosts)]
     return argv

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .. import environment
 from .batches import open_samples, to_device
 from .checkpoint import (
     agreed_latest,
@@ -210,6 +211,25 @@ class TrainOutcome:
     loaded_samples: int = 0
 
 
+#: Where launchers put a rank's index on its node: the agent's (each rank its own
+#: ``mpiexec -n 1``, so MPI's own is 0), then MPICH's Hydra and Open MPI's.
+_LOCAL_RANK_VARS = (environment.LOCAL_RANK, "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
+def local_rank(comm: MPI.Comm) -> int:
+    """This rank's index among the ranks of its node, as its launcher set it, else as MPI's
+    shared-memory split finds it."""
+    for name in _LOCAL_RANK_VARS:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.rank
+    finally:
+        local.Free()
+
+
 def rank_device(comm: MPI.Comm, want: str = "auto") -> torch.device:
     """This rank's device: ``cuda:<local rank>`` of the GPUs it sees (``"auto"``: if there
     are any), or the CPU."""
@@ -219,10 +239,7 @@ def rank_device(comm: MPI.Comm, want: str = "auto") -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise TrainingInputError("device: 'cuda' asked for, but this node has no usable GPU")
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    rank = local.rank
-    local.Free()
-    return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cuda", local_rank(comm) % torch.cuda.device_count())
 
 
 class ElasticTrainer:

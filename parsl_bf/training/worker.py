@@ -127,8 +127,22 @@ def _share_cores(comm: MPI.Comm) -> None:
     import torch
 
     override = os.environ.get(environment.THREADS_PER_RANK)  # e.g. an emulated node per core
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED).size
-    torch.set_num_threads(int(override) if override else max(1, (os.cpu_count() or 1) // local))
+    if override:
+        torch.set_num_threads(int(override))
+        return
+    # Ranks started one by one (warm ranks) may not see each other as one node in MPI: the
+    # agent's count of this node's ranks is a floor.
+    launched = os.environ.get(environment.LOCAL_RANKS, "")
+    local = max(int(launched) if launched.isdigit() else 1, _node_ranks(comm))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+
+
+def _node_ranks(comm: MPI.Comm) -> int:
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.size
+    finally:
+        local.Free()
 
 
 def _loop_outcome(loop: elastic.Session) -> TrainOutcome:

@@ -54,7 +54,8 @@ class Events:
 
 
 def pilot_env(pilot: str) -> dict[str, str]:
-    """The environment a pilot's job script gives its agent: two nodes, ending at ``END``."""
+    """The environment a pilot's job script gives its agent: two CPU nodes (whatever GPUs this
+    machine has), ending at ``END``."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     return {
         **os.environ,
@@ -62,6 +63,7 @@ def pilot_env(pilot: str) -> dict[str, str]:
         environment.PILOT_JOB_ID: pilot,
         environment.PILOT_NODES: "n0,n1",
         environment.PILOT_END: str(END),
+        environment.VISIBLE_GPUS: "",
     }
 
 

@@ -67,15 +67,22 @@ def serve(secret_file: Path) -> Iterator:
 
 @pytest.fixture
 def agent(tmp_path: Path, secret_file: Path) -> Iterator:
-    """``agent(url, pilot, *args) -> Popen`` of ``python -m parsl_bf.executor.agent``, its
+    """``agent(url, pilot, *args, env=...) -> Popen`` of ``python -m parsl_bf.executor.agent``
+    (``env``: added to the pilot's), its
     stderr appended to ``tmp_path / "<pilot>.stderr"``; any still running after the test get
     SIGTERM (which they forward to their processes), then SIGKILL."""
     procs: list[subprocess.Popen] = []
 
-    def start(url: str, pilot: str = "pilot.1", *args: str, secret: Path = secret_file):
+    def start(
+        url: str,
+        pilot: str = "pilot.1",
+        *args: str,
+        secret: Path = secret_file,
+        env: dict[str, str] | None = None,
+    ):
         argv = [*AGENT, "--url", url, "--secret-file", str(secret), "--heartbeat-s", "0.2"]
         with open(tmp_path / f"{pilot}.stderr", "a") as err:
-            proc = subprocess.Popen([*argv, *args], env=pilot_env(pilot), stderr=err)
+            proc = subprocess.Popen([*argv, *args], env=pilot_env(pilot) | (env or {}), stderr=err)
         procs.append(proc)
         return proc
 

@@ -298,6 +298,25 @@ def test_wrong_keys_are_refused_before_they_reach_the_application(
         server.stop()
 
 
+def test_an_agent_reports_its_nodes_gpus_and_a_bad_count_is_refused(
+    serve, agent, ctx: zmq.Context, secret_file: Path
+) -> None:
+    server, events = serve()
+    agent(server.url, env={"CUDA_VISIBLE_DEVICES": "0,1"})  # as Slurm's --gpus=2 sets it
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname(), gpus=2))
+    secret = read_secret(secret_file)
+    for i, gpus in enumerate((-1, 10**6, "2", 1.5, True)):
+        sock = client_socket(ctx, secret)
+        sock.connect(server.url)
+        registration = {"pilot": f"p{i}", "nodes": ["n0"], "ends_at": None, "host": "h"}
+        sock.send_multipart(AgentSession(secret).register(registration | {"gpus": gpus}))
+        until(lambda: len(events.of(Refused)) > i, 60, f"gpus={gpus!r} not refused")  # noqa: B023
+        assert "gpus must be an integer" in events.of(Refused)[i].reason
+        assert sock.poll(500) == 0  # no welcome
+        sock.close(linger=0)
+    assert list(server.pilots) == ["pilot.1"] and server.pilots["pilot.1"].gpus == 2
+
+
 def _refused_in(record: logging.LogRecord) -> int:
     message = record.getMessage()
     if message.startswith("refused message from "):

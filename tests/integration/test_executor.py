@@ -171,6 +171,37 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         assert best - (r["samples"] - BATCH) < BATCH
 
 
+@pytest.mark.parametrize("warm_ranks", [True, False])
+def test_a_node_with_two_gpus_runs_two_ranks(tmp_path: Path, monkeypatch, warm_ranks: bool):
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    # What Slurm's --gpus=2 gives a job: the agent counts the node's GPUs from it. Without
+    # CUDA here each rank trains on the CPU, but where the launcher put it is the same.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    provider = LocalBackfillProvider(
+        nodes=1, time_scale=1, idle_s=86400, busy_s=60, min_walltime="00:00:10", max_blocks=1
+    )
+    executor = BackfillExecutor(label="bf", provider=provider, warm_ranks=warm_ranks)
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    record = tmp_path / "ranks"
+    record.mkdir()
+    train = elastic_app("tests.training_tasks:rank_recorder", work=2000, max_nodes=1)
+    with parsl.load(config):
+        outcome = train(record=str(record), lr=0.05, width=8, global_batch=BATCH).result(600)
+    assert outcome["status"] == "done" and outcome["samples"] == 2000
+    (task,) = executor.controller.elastic
+    reports = read_reports(TaskDir.of(executor.directory, task).progress)
+    assert {r["world"] for r in reports if r["event"] == "start"} == {2}  # one node, two ranks
+    places = [json.loads(p.read_text()) for p in record.glob("*.json")]
+    assert sorted(p["local_rank"] for p in places) == [0, 1]
+    assert all(p["local_ranks"] == "2" and p["device"] in ("cpu", f"cuda:{p['local_rank']}")
+               for p in places)  # fmt: skip
+
+
 def test_backfill_executor_on_slurm_pilots_through_a_main_job(slurm, tmp_path: Path, monkeypatch):
     import parsl
     from parsl.app.app import python_app
