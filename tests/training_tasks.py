@@ -131,7 +131,8 @@ def waveform_cnn(
     def evaluate(net):
         xs = torch.stack([held_out[i][0] for i in range(len(held_out))])
         ys = torch.tensor([held_out[i][1] for i in range(len(held_out))])
-        out = net(xs)
+        device = next(net.parameters()).device
+        out = net(xs.to(device)).cpu()
         return {
             "val_loss": float(F.cross_entropy(out, ys)),
             "val_accuracy": float((out.argmax(1) == ys).float().mean()),
@@ -206,3 +207,10 @@ def rank_recorder(record: str, **options):
     with open(f"{record}/{os.getpid()}.json", "w") as f:
         json.dump(place, f)
     return digits_cnn(**options)
+
+
+def digits_on(device: str, **options):
+    """``digits_cnn`` on ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``)."""
+    import dataclasses
+
+    return dataclasses.replace(digits_cnn(**options), device=device)

@@ -76,7 +76,8 @@ def digits_cnn(
     (train, test) = _digits(seed)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
-        pred = model(test[0]).argmax(1)
+        device = next(model.parameters()).device  # the rank's: a GPU on GPU nodes
+        pred = model(test[0].to(device)).argmax(1).cpu()
         return {
             "accuracy": float((pred == test[1]).float().mean()),
             "params": float(sum(p.numel() for p in model.parameters())),
