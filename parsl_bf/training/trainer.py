@@ -223,9 +223,15 @@ def local_rank(comm: MPI.Comm) -> int:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
+    return node_position(comm)[0]
+
+
+def node_position(comm: MPI.Comm) -> tuple[int, int]:
+    """(this rank's index, the number of ranks) among the ranks of ``comm`` that share its node,
+    as MPI's shared-memory split finds them."""
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return local.rank
+        return local.rank, local.size
     finally:
         local.Free()
 

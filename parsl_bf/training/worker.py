@@ -41,7 +41,13 @@ from . import elastic, handover
 from .checkpoint import CheckpointError
 from .rendezvous import join
 from .reports import ReportSink, write_result
-from .trainer import ElasticTrainer, TrainingInputError, TrainingTask, TrainOutcome
+from .trainer import (
+    ElasticTrainer,
+    TrainingInputError,
+    TrainingTask,
+    TrainOutcome,
+    node_position,
+)
 
 __all__ = ["exit_now", "main", "load_task", "run"]
 
@@ -133,16 +139,8 @@ def _share_cores(comm: MPI.Comm) -> None:
     # Ranks started one by one (warm ranks) may not see each other as one node in MPI: the
     # agent's count of this node's ranks is a floor.
     launched = os.environ.get(environment.LOCAL_RANKS, "")
-    local = max(int(launched) if launched.isdigit() else 1, _node_ranks(comm))
+    local = max(int(launched) if launched.isdigit() else 1, node_position(comm)[1])
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-
-
-def _node_ranks(comm: MPI.Comm) -> int:
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return local.size
-    finally:
-        local.Free()
 
 
 def _loop_outcome(loop: elastic.Session) -> TrainOutcome:

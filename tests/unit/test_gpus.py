@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +48,28 @@ def test_mpiexec_places_a_nodes_ranks_together() -> None:
     assert mpiexec_argv(4, ["a", "b"], "mpiexec", per_node=2) == [
         *("mpiexec", "-n", "4", "-ppn", "2", "-hosts", "a,b")
     ]
+
+
+def test_ranks_on_one_node_find_their_place_through_mpi() -> None:
+    """MPI's shared-memory split (the thread share's count, and the GPU choice's fallback)
+    places two ranks of one ``mpiexec`` on one node, as Hydra's own variable does."""
+    probe = (
+        "import json; from mpi4py import MPI; "
+        "from parsl_bf.training.trainer import local_rank, node_position; "
+        "c = MPI.COMM_WORLD; "
+        "print(json.dumps([c.rank, *node_position(c), local_rank(c)]), flush=True)"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    out = subprocess.run(
+        [*mpiexec_argv(2), sys.executable, "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    places = sorted(json.loads(line) for line in out.splitlines())
+    assert places == [[0, 0, 2, 0], [1, 1, 2, 1]]
+
+
+_LAUNCHER_VARS = (environment.LOCAL_RANK, environment.LOCAL_RANKS, "OMPI_COMM_WORLD_LOCAL_RANK")
