@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from parsl_bf.allocation import Objective
+from parsl_bf.allocation import AllocatorSettings, Objective
 from parsl_bf.replay import default_data_dir, load_job_set
 from parsl_bf.replay.holes import HoleForecast
 from parsl_bf.replay.policies import make_policy
@@ -66,7 +66,13 @@ def _fmt(x, digits=3):
 # The scheduler's plan of hole ends (parsl_bf.replay.holes): walltime accuracy low, high and
 # the fraction of holes announced. Exact walltimes, then users who ask for up to 2× and 10×.
 PLANS = ((1.0, 1.0, 1.0), (0.5, 1.0, 1.0), (0.1, 1.0, 1.0))
-DEFAULT = {"policy": "milp", "tfwd": 120, "objective": "speedup"}  # AllocatorSettings()'s
+_SETTINGS = AllocatorSettings()  # the default policy, as the replays below name it
+_TFWD = _SETTINGS.tfwd
+DEFAULT = {
+    "policy": _SETTINGS.policy,
+    "tfwd": int(_TFWD) if isinstance(_TFWD, float) and _TFWD.is_integer() else _TFWD,
+    "objective": _SETTINGS.objective.value,
+}
 
 
 def _holes(plan) -> str:
@@ -133,7 +139,8 @@ def plan_lines(results: list[dict], settings) -> list[str]:
     out = [
         "## Hole ends from the scheduler's plan (default policy)",
         "",
-        "E_avail of the default policy (speedup, T_fwd 120 s) when each hole's end is the one "
+        f"E_avail of the default policy ({DEFAULT['objective']}, T_fwd {DEFAULT['tfwd']} s) "
+        "when each hole's end is the one "
         "the scheduler's plan gives it (docs/replay.md, `--hole-plan`), against the paper's "
         "single T_fwd; in brackets the change. `a` is the walltime accuracy (runtime ÷ "
         "requested walltime): 1 is exact walltimes, U(0.1, 1) users asking for up to 10× what "

@@ -50,7 +50,7 @@ from parsl_bf.replay.trace import load_trace  # noqa: E402
 
 DAY = 86400
 # ``weighted`` is left out: with every job's weight 1 (as in all job sets) it is ``throughput``.
-OBJECTIVES = ("throughput", "balanced", "speedup", "remaining_work", "fair")
+OBJECTIVES = ("throughput", "balanced", "speedup", "speedup_balanced", "remaining_work", "fair")
 TFWD_RULES: tuple[str | int, ...] = ("auto", 120, 1200)
 # Not a setting that exists: ``balanced`` on each job's speedup curve P(n) / P(1) (the job's
 # objective curve replaced by it). Shown for what it would give, never chosen.
@@ -249,15 +249,32 @@ def mean_ranks(
     return {c: statistics.fmean(r) for c, r in ranks.items()}
 
 
+def _auto_tfwd(records: Sequence[Mapping], names: Sequence[str]) -> list[float]:
+    """T_fwd ``auto`` in seconds per fold, if some candidate of the run used it."""
+    auto = {r["fold"]: r["tfwd_s"] for r in records if r["tfwd"] == "auto"}
+    return [auto[f] for f in names] if all(f in auto for f in names) else []
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 periods, 256 nodes, 12 h windows")
     ap.add_argument("--workers", type=int, default=1, help="replays at once (default 1)")
     ap.add_argument("--save", type=Path, help="write every replay's figures to this JSON file")
     ap.add_argument("--load", type=Path, help="the figures of an earlier --save: no replays")
+    ap.add_argument(
+        "--only",
+        help="replay these candidates only, comma-separated (e.g. speedup/120,"
+        "speedup_balanced/auto): a partial run, whose choice is among them",
+    )
     args = ap.parse_args()
     folds = make_folds(args.quick)
     grid = [(o, t) for o in OBJECTIVES + EXPLORATORY for t in TFWD_RULES]
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {candidate_name(o, t) for o, t in grid}
+        if unknown:
+            ap.error(f"--only: unknown candidates {sorted(unknown)}")
+        grid = [(o, t) for o, t in grid if candidate_name(o, t) in wanted]
     default = AllocatorSettings()
     current = candidate_name(default.objective.value, default.tfwd)
     candidates = [candidate_name(o, t) for o, t in grid if o not in EXPLORATORY]
@@ -306,9 +323,9 @@ def main() -> int:
     chosen = best(scores, candidates, names)
     ranks = mean_ranks(scores, candidates, names)
     # What the rule would give if the exploratory objective existed.
-    what_if = cross_validate(scores, candidates + extra, schemes["fold"])
+    what_if = cross_validate(scores, candidates + extra, schemes["fold"]) if extra else None
 
-    mode = "quick" if args.quick else "full"
+    mode = ("quick" if args.quick else "full") + (f", only {args.only}" if args.only else "")
     lines = [
         f"# Policy cross-validation ({mode} mode): E_avail ÷ E_avail_bound per candidate × fold",
         "",
@@ -351,11 +368,11 @@ def main() -> int:
     lines += [
         "| equal-share (E_avail) | " + " | ".join(f"{equal[f]:.3f}" for f in names) + " | | | | |",
         "| bound (E_avail_bound) | " + " | ".join(_fmt(bounds[f]) for f in names) + " | | | | |",
-        "| T_fwd auto, s | "
-        + " | ".join(
-            f"{by[(f, candidate_name('throughput', 'auto'))]['tfwd_s']:.0f}" for f in names
-        )
-        + " | | | | |",
+        *(
+            ["| T_fwd auto, s | " + " | ".join(f"{x:.0f}" for x in auto_s) + " | | | | |"]
+            if (auto_s := _auto_tfwd(records, names))
+            else []
+        ),
         "",
         "## Leave one out (choose on the other folds by mean score, test on the held-out ones)",
         "",
@@ -376,12 +393,15 @@ def main() -> int:
             picked = next(v["chosen"] for v in res["groups"].values() if f in v["heldout"])
             cells.append(f"{_fmt(res['heldout'][f])} ({picked})")
         lines.append(f"| {f} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"With the exploratory {', '.join(extra)} selectable too, leaving one fold out: chosen "
-        + ", ".join(f"{c} ({n})" for c, n in sorted(what_if["chosen_count"].items()))
-        + f"; held-out mean {_fmt(what_if['heldout_mean'])}, min {_fmt(what_if['heldout_min'])}.",
-    ]
+    if what_if:
+        lines += [
+            "",
+            f"With the exploratory {', '.join(extra)} selectable too, leaving one fold out: "
+            "chosen "
+            + ", ".join(f"{c} ({n})" for c, n in sorted(what_if["chosen_count"].items()))
+            + f"; held-out mean {_fmt(what_if['heldout_mean'])}, "
+            f"min {_fmt(what_if['heldout_min'])}.",
+        ]
 
     def targets(c: str, title: str) -> tuple[list[str], dict]:
         """The figures of candidate ``c`` per fold, against the targets."""
@@ -447,8 +467,9 @@ def main() -> int:
     shown = [(chosen, "Chosen on all folds")] if chosen else []
     if current in candidates and current != chosen:
         shown.append((current, "Current default"))
-    top_extra = max(extra, key=lambda c: statistics.fmean(x or 0.0 for x in scores[c].values()))
-    shown.append((top_extra, "Best exploratory (not an existing setting)"))
+    if extra:
+        top = max(extra, key=lambda c: statistics.fmean(x or 0.0 for x in scores[c].values()))
+        shown.append((top, "Best exploratory (not an existing setting)"))
     for c, title in shown:
         more, rows = targets(c, title)
         lines += more
@@ -487,8 +508,8 @@ def main() -> int:
                 "impossible": flagged,
                 "exploratory": {
                     "candidates": extra,
-                    "heldout_mean_if_selectable": what_if["heldout_mean"],
-                    "chosen_count_if_selectable": what_if["chosen_count"],
+                    "heldout_mean_if_selectable": what_if["heldout_mean"] if what_if else None,
+                    "chosen_count_if_selectable": what_if["chosen_count"] if what_if else None,
                 },
                 "replays": len(base) + len(records),
                 "wall_s": round(wall, 1),

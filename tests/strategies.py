@@ -52,8 +52,8 @@ def problems(
     objective = draw(st.sampled_from(objectives))
     if first_rate is None:
         # speedup divides by the (interpolated) 1-node throughput: keep it well away from 0.
-        first_rate = 1.0 if objective is Objective.SPEEDUP else 0.0
-    known_work = objective is Objective.BALANCED
+        first_rate = 1.0 if objective.per_speedup else 0.0
+    known_work = objective in (Objective.BALANCED, Objective.SPEEDUP_BALANCED)
     tasks = [
         draw(task_specs(task_id=f"t{i}", first_rate=first_rate, known_work=known_work))
         for i in range(n)
@@ -64,4 +64,5 @@ def problems(
         tfwd=draw(st.floats(1, 120)),
         objective=objective,
         cap_at_remaining_work=draw(st.booleans()),
+        tasks_waiting=draw(st.booleans()),
     )

@@ -18,6 +18,8 @@ where the per-second gain G_j depends on the objective:
 ``balanced``        G_j(n) = (1 + β · N_j / max_k N_k) · O_j(n), where N_j is the node-time
                     task j still needs at its most efficient count (``need_node_s``) and
                     β = :data:`BALANCE_BONUS`: near-ties go to the task furthest from done
+``speedup_balanced`` G_j(n) = (1 + β · N_j / max_k N_k) · P_j(n) / P_j(1) while no task
+                    waits for admission (not ``tasks_waiting``), else ``speedup``
 ==================  ====================================================================
 
 ``balanced`` is for a batch of tasks run to completion (a sweep whose user waits for the last
@@ -25,6 +27,9 @@ trial). ``throughput`` lets the first-submitted tasks finish first, which leaves
 few tasks spread over many nodes at their worst efficiency; favouring the tasks with the most
 work left makes the batch finish together. The bonus is a tie-breaker, not a priority: a
 node goes to a task with more work left only when its gain there is within β of the best.
+``speedup_balanced`` (the default) balances only the tail: while tasks wait for an admission
+slot, a task that finishes early hands its slot to the next one and leaves no tail, and holding
+it back to finish with the others only delays that; once none waits, the batch's end is near.
 
 τ_j(n) = T, or, when gain is capped at the remaining work W_j (objective ``remaining_work`` or
 ``cap_at_remaining_work``), τ_j(n) = min(T, W_j / P_j(n)): a task that finishes within the
@@ -87,7 +92,7 @@ class Run:
 
 def _per_second_gain(task: TaskSpec, objective: Objective, n: np.ndarray) -> np.ndarray:
     value_curve = task.value if task.value is not None else task.throughput
-    if objective is Objective.SPEEDUP:
+    if objective.per_speedup:
         p1 = float(np.interp(1, task.nodes, task.throughput))
         if p1 <= 0:
             raise AllocationInputError(
@@ -99,8 +104,12 @@ def _per_second_gain(task: TaskSpec, objective: Objective, n: np.ndarray) -> np.
 
 
 def _balance_factor(task: TaskSpec, problem: AllocationProblem) -> float:
-    """1 + β·N_j/max_k N_k under ``balanced``, else 1."""
-    if problem.objective is not Objective.BALANCED:
+    """1 + β·N_j/max_k N_k under ``balanced``, and ``speedup_balanced`` while no task waits;
+    else 1."""
+    balancing = problem.objective is Objective.BALANCED or (
+        problem.objective is Objective.SPEEDUP_BALANCED and not problem.tasks_waiting
+    )
+    if not balancing:
         return 1.0
     need = task.need_node_s or 0.0  # never None: AllocationProblem checks it for balanced
     largest = problem.largest_need_node_s

@@ -66,11 +66,20 @@ class Objective(StrEnum):
     FAIR = "fair"
     REMAINING_WORK = "remaining_work"
     BALANCED = "balanced"
+    SPEEDUP_BALANCED = "speedup_balanced"
 
     @property
     def uses_remaining_work(self) -> bool:
         """Whether this objective's gains depend on each task's ``remaining_work``."""
-        return self in (Objective.REMAINING_WORK, Objective.BALANCED)
+        return self in (Objective.REMAINING_WORK, *_BALANCING)
+
+    @property
+    def per_speedup(self) -> bool:
+        """Whether a task's gain is its speedup P(n) / P(1), whatever its objective curve."""
+        return self in (Objective.SPEEDUP, Objective.SPEEDUP_BALANCED)
+
+
+_BALANCING = (Objective.BALANCED, Objective.SPEEDUP_BALANCED)
 
 
 class SolveStatus(StrEnum):
@@ -186,6 +195,11 @@ class AllocationProblem(BaseModel):
     cap_at_remaining_work: bool = Field(
         False, description="count no gain beyond each task's remaining work (any objective)"
     )
+    tasks_waiting: bool = Field(
+        False,
+        description="some task is submitted but not among ``tasks``, for want of an admission "
+        "slot: ``speedup_balanced`` balances only when none waits",
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -218,11 +232,11 @@ class AllocationProblem(BaseModel):
 
     @model_validator(mode="after")
     def _work_known(self) -> AllocationProblem:
-        if self.objective is Objective.BALANCED:
+        if self.objective in _BALANCING:
             for i, t in enumerate(self.tasks):
                 if t.remaining_work is None:
                     raise _field_error(
-                        f"tasks[{i}].remaining_work", "the balanced objective needs it"
+                        f"tasks[{i}].remaining_work", f"the {self.objective} objective needs it"
                     )
         return self
 

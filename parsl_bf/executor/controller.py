@@ -675,7 +675,8 @@ class Controller:
         running = [t for t in self.elastic.values() if t.state == "running"]
         queued = [t for t in self.elastic.values() if t.state == "queued"]
         stopping = sum(1 for t in self.elastic.values() if t.state == "stopping")
-        candidates = running + queued[: max(0, self.max_tasks - len(running) - stopping)]
+        admitted = queued[: max(0, self.max_tasks - len(running) - stopping)]
+        candidates = running + admitted
         if not candidates:
             return
         # Long enough-lived free nodes only; none while plain tasks wait for one.
@@ -708,6 +709,7 @@ class Controller:
             tfwd=self.effective_tfwd,
             objective=self.allocator.objective,
             cap_at_remaining_work=True,
+            tasks_waiting=len(admitted) < len(queued),
         )
         allocation = self.allocator(problem)
         self.last_allocation, self.solves = allocation, self.solves + 1

@@ -16,6 +16,7 @@ Every replay also reports ``E_avail_bound``, the clairvoyant upper bound of
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ def replay(
     uses_work = config.objective.uses_remaining_work
     owner = np.where(trace.initial, FREE, BUSY).astype(np.int64)
     queue = sorted(jobs, key=lambda j: j.submit_s)
+    submits = [j.submit_s for j in queue]
     queued = 0  # index of the next job to admit
     active: list[_Task] = []
     finished: list[_Task] = []
@@ -244,6 +246,8 @@ def replay(
                 free_nodes=int(min(len(free_nodes), max(0, room))),
                 tfwd=config.tfwd,
                 objective=config.objective,
+                # A job submitted but not admitted: every slot is taken.
+                tasks_waiting=bisect.bisect_right(submits, t) > queued,
             )
             if problem != last_problem:
                 result = policy(problem)

@@ -16,6 +16,7 @@ from parsl_bf.allocation import (
     solve_exact,
     solve_milp,
 )
+from parsl_bf.allocation.gains import gain_tables
 from parsl_bf.allocation.node_matrix import solve_node_matrix
 
 TASK = {
@@ -165,3 +166,33 @@ def test_balanced_gives_a_near_tie_to_the_task_with_more_work_left() -> None:
         {"tfwd": 10, "free_nodes": 1, "objective": "balanced", "tasks": [faster, tasks[1]]}
     )
     assert solve_milp(problem).counts == {"early": 1, "late": 0}
+
+
+def test_speedup_balanced_balances_only_while_no_task_waits() -> None:
+    # The task with more work left is ten times faster in samples/s: speedup, which counts
+    # each task by P(n) / P(1), sees a tie, which the balance bonus breaks.
+    tasks = [
+        TASK | {"id": "early", "remaining_work": 1e3},
+        TASK | {"id": "late", "remaining_work": 5e4, "throughput": [0, 100, 180, 300]},
+    ]
+    data = {"tfwd": 10, "free_nodes": 1, "objective": "speedup_balanced", "tasks": tasks}
+    drained = AllocationProblem.from_dict(data)
+    assert solve_milp(drained).counts == {"early": 0, "late": 1}
+    assert solve_exact(drained).counts == {"early": 0, "late": 1}
+    # While a task waits for a slot, the gains are speedup's, count for count.
+    waiting = AllocationProblem.from_dict(data | {"tasks_waiting": True})
+    speedup = AllocationProblem.from_dict(data | {"objective": "speedup"})
+    for mine, plain in zip(gain_tables(waiting), gain_tables(speedup), strict=True):
+        assert mine.counts.tolist() == plain.counts.tolist()
+        assert mine.gain.tolist() == plain.gain.tolist()
+    assert [t.gain.tolist() for t in gain_tables(drained)] != [
+        t.gain.tolist() for t in gain_tables(speedup)
+    ]
+
+
+def test_speedup_balanced_needs_each_tasks_work_left() -> None:
+    with pytest.raises(AllocationInputError) as err:
+        AllocationProblem.from_dict(
+            {"tfwd": 10, "free_nodes": 1, "objective": "speedup_balanced", "tasks": [TASK]}
+        )
+    assert "tasks[0].remaining_work: the speedup_balanced objective needs it" in str(err.value)

@@ -290,7 +290,8 @@ def test_python_configs_get_the_constructor_checks(tmp_path, make, field, messag
 
 def test_validate_prints_the_allocator_of_each_backfill_executor(tmp_path, capsys) -> None:
     assert main(["validate", str(ROOT / "configs" / "local.yaml")]) == 0
-    assert "; bf allocator {'policy': 'milp', 'objective': 'speedup'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "; bf allocator {'policy': 'milp', 'objective': 'speedup_balanced'" in out
     htex = (
         "executors:\n"
         "  - type: HighThroughputExecutor\n"

@@ -33,7 +33,8 @@ NOW = 1000.0
 
 
 def _controller(tfwd: float = 60, **kw) -> Controller:
-    return Controller(AllocatorSettings(tfwd=tfwd, time_limit=kw.pop("time_limit", 10)), **kw)
+    settings = {k: kw.pop(k) for k in ("time_limit", "objective") if k in kw}
+    return Controller(AllocatorSettings(tfwd=tfwd, **settings), **kw)
 
 
 def _nodes(start: StartFragment) -> list[str]:
@@ -328,8 +329,9 @@ def test_measured_rates_replace_the_guess() -> None:
 
 
 def test_an_unmeasured_task_borrows_its_familys_rates() -> None:
-    # Without them it would be worth 1 sample/s per node and wait while measured tasks grow.
-    c = _controller()
+    # Without them it would be worth 1 sample/s per node and wait while measured tasks grow
+    # (under an objective that counts samples; speedup and its kin count P(n) / P(1)).
+    c = _controller(objective="throughput")
     old = ElasticTask("old", work=10**9, max_nodes=2, task="m:f", family="m:f")
     c.handle([TaskSubmitted(old), _up("p1", "n1")], NOW)
     c.handle([Progress("old", 1, 500.0, 5000)], NOW)
@@ -530,3 +532,29 @@ def test_the_same_nodes_in_another_order_are_no_rescale() -> None:
     ):
         out = c.handle(events, t)
         assert not _of(StartFragment, out) and not _of(Signal, out), out
+
+
+class _Recording(AllocatorSettings):
+    """The default policy, keeping every problem it is asked to solve."""
+
+    def __call__(self, problem):
+        _PROBLEMS.append(problem)
+        return super().__call__(problem)
+
+
+_PROBLEMS: list = []
+
+
+def test_the_allocator_is_told_whether_a_task_waits_for_a_slot() -> None:
+    # speedup_balanced balances only a batch's tail: it must know when nothing waits.
+    _PROBLEMS.clear()
+    c = Controller(_Recording(tfwd=60), max_tasks=1)
+    (start,) = c.handle(
+        [TaskSubmitted(_task("a")), TaskSubmitted(_task("b")), _up("p1", "n1")], NOW
+    )
+    assert [t.id for t in _PROBLEMS[-1].tasks] == ["a"] and _PROBLEMS[-1].tasks_waiting
+    (after,) = _of(
+        StartFragment, c.handle(_exits(start, {"status": "done", "samples": 10_000}), NOW + 1)
+    )
+    assert after.task == "b"
+    assert [t.id for t in _PROBLEMS[-1].tasks] == ["b"] and not _PROBLEMS[-1].tasks_waiting
