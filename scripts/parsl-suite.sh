@@ -38,6 +38,9 @@ if [ "${which#backfill-}" = slurm ]; then
   fi
   # Ports apart from `make slurm-up` and from the pytest session's cluster.
   export SLURM_LOOPBACK_DIR=$work/slurm NNODES=4 CTLD_PORT=19817 BASE_PORT=29000
+  # Held until this script exits (after cleanup's `down`): another session waits for it.
+  exec 9>"$("$root/scripts/slurm-loopback.sh" lockfile)"
+  flock -n 9 || { echo "parsl suite on Slurm: waiting for another session's cluster"; flock 9; }
   "$root/scripts/slurm-loopback.sh" up || exit 1
   export SLURM_CONF=$work/slurm/etc/slurm.conf
 fi

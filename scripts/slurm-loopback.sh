@@ -7,11 +7,15 @@
 #   scripts/slurm-loopback.sh up      # install missing packages (root), configure, start, wait
 #   source .slurm-loopback/env.sh     # SLURM_CONF for sbatch/squeue/scontrol
 #   scripts/slurm-loopback.sh down    # stop the daemons and any job processes left
+#   scripts/slurm-loopback.sh lockfile  # the lock of these ports: hold it (flock) from up to down
 #
 # Settings (environment): SLURM_LOOPBACK_DIR (default .slurm-loopback in the checkout),
 # NNODES (4), GRACE_TIME (10 s between the preemption signal and the kill), PREEMPT_MODE
 # (REQUEUE or CANCEL), CTLD_PORT (6817), BASE_PORT (17000). Authentication is auth/none: the
 # daemons listen on loopback only. Needs root (the daemons run as root).
+# Two clusters on the same ports cannot both run: a second `up` would find the ports taken, or
+# its `down` would leave the first without a controller. Whoever brings a cluster up on shared
+# ports (two test sessions on one machine) holds the lock file of its CTLD_PORT meanwhile.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dir=${SLURM_LOOPBACK_DIR:-$here/.slurm-loopback}
@@ -131,5 +135,6 @@ CONF
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  *) echo "usage: $0 up|down" >&2; exit 2 ;;
+  lockfile) echo "${TMPDIR:-/tmp}/parsl_bf-slurm-loopback-$ctld_port.lock" ;;
+  *) echo "usage: $0 up|down|lockfile" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ it: the ``slurm_env`` fixture and ``benchmarks/provider.py`` bring one up with
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -42,7 +43,8 @@ def loopback_cluster(
 ) -> Iterator[dict[str, str]]:
     """A cluster of ``nodes`` fake nodes (``n1`` …) configured and run under ``directory``,
     on ports apart from other clusters'; yields the environment of its commands (with
-    ``SLURM_CONF``). Stopped on leaving, errors included. Needs root (:func:`unavailable`)."""
+    ``SLURM_CONF``). Stopped on leaving, errors included. Needs root (:func:`unavailable`).
+    Another session's cluster on the same ports is waited for (:func:`ports_lock`)."""
     env = {
         **os.environ,
         "SLURM_LOOPBACK_DIR": str(directory),
@@ -52,11 +54,32 @@ def loopback_cluster(
         "CTLD_PORT": str(ctld_port),
         "BASE_PORT": str(base_port),
     }
-    try:
-        subprocess.run([str(SCRIPT), "up"], env=env, check=True, timeout=900)
-        yield {**env, "SLURM_CONF": str(Path(directory) / "etc" / "slurm.conf")}
-    finally:
-        subprocess.run([str(SCRIPT), "down"], env=env, timeout=120)
+    with ports_lock(ctld_port):
+        try:
+            subprocess.run([str(SCRIPT), "up"], env=env, check=True, timeout=900)
+            yield {**env, "SLURM_CONF": str(Path(directory) / "etc" / "slurm.conf")}
+        finally:
+            subprocess.run([str(SCRIPT), "down"], env=env, timeout=120)
+
+
+@contextmanager
+def ports_lock(ctld_port: int) -> Iterator[None]:
+    """Hold the lock of a loopback cluster's ports (the script's ``lockfile``): two test
+    sessions on one machine take turns instead of breaking each other's cluster."""
+    env = {**os.environ, "CTLD_PORT": str(ctld_port)}
+    path = subprocess.run(
+        [str(SCRIPT), "lockfile"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    with open(path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"slurm-loopback: waiting for another session's cluster ({path})", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def run(env, *args: str, check: bool = True, timeout: float = 60) -> str:
