@@ -38,14 +38,15 @@ if [ "${which#backfill-}" = slurm ]; then
   fi
   # Ports apart from `make slurm-up` and from the pytest session's cluster.
   export SLURM_LOOPBACK_DIR=$work/slurm NNODES=4 CTLD_PORT=19817 BASE_PORT=29000
-  # Held until this script exits (after cleanup's `down`): another session waits for it.
+  # Held until this script exits (after cleanup's `down`): another session waits for it. No
+  # child gets descriptor 9 (9>&-): a daemon or app left running would hold the lock on.
   exec 9>"$("$root/scripts/slurm-loopback.sh" lockfile)"
   flock -n 9 || { echo "parsl suite on Slurm: waiting for another session's cluster"; flock 9; }
-  "$root/scripts/slurm-loopback.sh" up || exit 1
+  "$root/scripts/slurm-loopback.sh" up 9>&- || exit 1
   export SLURM_CONF=$work/slurm/etc/slurm.conf
 fi
 suite=$("$py" -c 'import os, parsl.tests; print(os.path.dirname(parsl.tests.__file__))')
 (cd "$work" && PATH="$bin:$PATH" PYTHONPATH="$root" "$py" -m pytest "$suite" -q \
     -p no:cacheprovider --config "$config" \
     -k "not cleannet and not issue_3620 and not unix_filesystem_permissions_required \
-        and not test_stdout_stderr_staging_zip")
+        and not test_stdout_stderr_staging_zip") 9>&-
