@@ -50,25 +50,25 @@ def test_mpiexec_places_a_nodes_ranks_together() -> None:
     ]
 
 
-def test_ranks_on_one_node_find_their_place_through_mpi() -> None:
+def test_ranks_on_one_node_find_their_place_through_mpi(tmp_path: Path) -> None:
     """MPI's shared-memory split (the thread share's count, and the GPU choice's fallback)
     places two ranks of one ``mpiexec`` on one node, as Hydra's own variable does."""
+    # Each rank writes a file of its own: ranks sharing mpiexec's stdout may mix their lines.
     probe = (
-        "import json; from mpi4py import MPI; "
+        "import json, sys; from mpi4py import MPI; "
         "from parsl_bf.training.trainer import local_rank, node_position; "
         "c = MPI.COMM_WORLD; "
-        "print(json.dumps([c.rank, *node_position(c), local_rank(c)]), flush=True)"
+        "open(f'{sys.argv[1]}/{c.rank}.json', 'w').write("
+        "json.dumps([c.rank, *node_position(c), local_rank(c)]))"
     )
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
-    out = subprocess.run(
-        [*mpiexec_argv(2), sys.executable, "-c", probe],
+    subprocess.run(
+        [*mpiexec_argv(2), sys.executable, "-c", probe, str(tmp_path)],
         env=env,
-        capture_output=True,
-        text=True,
         check=True,
         timeout=300,
-    ).stdout
-    places = sorted(json.loads(line) for line in out.splitlines())
+    )
+    places = sorted(json.loads(p.read_text()) for p in tmp_path.glob("*.json"))
     assert places == [[0, 0, 2, 0], [1, 1, 2, 1]]
 
 
