@@ -111,7 +111,7 @@ def _balance_factor(task: TaskSpec, problem: AllocationProblem) -> float:
     )
     if not balancing:
         return 1.0
-    need = task.need_node_s or 0.0  # never None: AllocationProblem checks it for balanced
+    need = task.need_node_s or 0.0  # never None: AllocationProblem checks it when balancing
     largest = problem.largest_need_node_s
     if math.isinf(largest):  # a rate so small that the time left overflows
         share = 1.0 if math.isinf(need) else 0.0
