@@ -31,7 +31,11 @@ exceed 1 slightly. "E_av*" is E_avail with the run's own P(1) (median step rate 
 fragments) in place of the calibration's. An efficiency above the most the calibrated curve
 allows (max P(n) / (n·P(1)), 1 for sublinear scaling) cannot be true (P(1) measured under other
 contention than the run): it is printed as IMPOSSIBLE, left out of the table and the JSON line,
-and listed under ``impossible``. The executor's design: docs/design.md.
+and listed under ``impossible``. A run is marked noisy (``"noisy": true`` and
+``noisy_reasons`` in the JSON line, NOISY lines in the table) when an efficiency exceeds
+1 + 0.02 or a run's own P(1) differs from the calibration's by more than 10 %: its ratios to
+the replay then say more about the machine's other load than about the executor. The
+executor's design: docs/design.md.
 
 Emulation choices: a node is a core (the default ``--nodes 2`` on this 2-core machine), so every
 rank runs one torch thread (``PARSL_BF_THREADS_PER_RANK=1``; the worker would give a rank all
@@ -413,6 +417,30 @@ def _impossible(rows: dict[str, dict], rates: dict[int, float]) -> list[dict]:
     return found
 
 
+E_SLACK = 0.02  # an efficiency above 1 + this is noise, not a result
+P1_DRIFT = 0.10  # a run's own P(1) this far from the calibration's: other contention
+
+
+def noise(rows: dict[str, dict], p1: float) -> list[str]:
+    """Why the run's figures are not to be trusted, [] if nothing says so: an efficiency above
+    1 + ``E_SLACK`` (no node does more than one node's work), or a run whose own P(1) (its
+    1-rank fragments' median step rate) differs from the calibration's by more than
+    ``P1_DRIFT`` (the two were measured under different contention, so E, which divides by
+    the calibration's P(1), is off by as much)."""
+    reasons = []
+    for name, r in rows.items():
+        for key in ("E_used", "E_avail", "E_avail_run"):
+            if r.get(key) is not None and r[key] > 1 + E_SLACK:
+                reasons.append(f"{name} {key} {r[key]:.3f} > {1 + E_SLACK:g}")
+        own = r.get("rate1")
+        if own and abs(own - p1) > P1_DRIFT * p1:
+            reasons.append(
+                f"{name} P(1) {own:.0f} samples/s is {own / p1 - 1:+.0%} off the "
+                f"calibration's {p1:.0f}"
+            )
+    return reasons
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2, help="emulated nodes (default 2: the cores)")
@@ -517,6 +545,7 @@ def main() -> int:
             "E_avail_run": r["E_avail"],
         }
 
+    noisy = noise(rows, p1)  # before _impossible takes figures out
     impossible = _impossible(rows, cal.rates)
     print(head)
     curve = ", ".join(f"P({n}) {v:.0f}" for n, v in sorted(cal.rates.items()))
@@ -570,6 +599,8 @@ def main() -> int:
             f"{bad['ceiling']}, the most the calibrated curve allows (P(1) was measured under "
             "other contention than the run)"
         )
+    for reason in noisy:
+        print(f"NOISY: {reason}")
     decisions = [x for run in runs.values() for x in run.figures.decisions]
     figures = {
         "E_avail": _r(aware["E_avail"]),
@@ -614,6 +645,8 @@ def main() -> int:
         },
         "leftover_processes": sum(run.leftover for run in runs.values()) + len(left),
         "impossible": impossible,
+        "noisy": bool(noisy),
+        "noisy_reasons": noisy,
     }
     print(json.dumps(figures))
     return 0
