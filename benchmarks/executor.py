@@ -46,8 +46,11 @@ T_fwd: the median idle piece of the window, for the executor and the replay.
 
 The real system pays what the replay does not: a fragment started on a fresh pilot costs its
 process start-up and the pilot's, where the replay's charge R·P(0) is 0. So the replay runs
-twice: "replay" with the original's accounting (``E_avail_replay``) and "replay+" with
-``charge_starts`` (a start from 0 nodes charged R_up·P(n)). The machine may be shared: other
+twice: "replay" with the original's accounting (``E_avail_replay``) and "replay+" charged what
+the real runs paid, measured from their reports (:mod:`parsl_bf.executor.analysis`): a start
+from 0 nodes costs the median fragment start (launch → first step, ``charge_starts`` with
+``Job.start_s``) and a rescale the median warm hand-over (stop → successor's first step);
+``replay_charged_costs_s`` in the JSON line. The machine may be shared: other
 processes' CPU (``/proc/stat`` less this run's processes) is measured for the calibration and
 each run ("others", in cores), and before each the benchmark waits up to ``--quiet-wait`` s
 for it to drop under 0.5 cores.
@@ -347,9 +350,16 @@ def real_run(name: str, window: Window, cal: Calibration, args, d: Path, **kw) -
 
 
 def replay_window(
-    window: Window, cal: Calibration, tasks: int, tfwd: float, charge_starts: bool = False
+    window: Window,
+    cal: Calibration,
+    tasks: int,
+    tfwd: float,
+    charge_starts: bool = False,
+    costs: Costs | None = None,
 ) -> dict:
-    """The simulator's prediction, on the trace's own seconds (see the module docstring)."""
+    """The simulator's prediction, on the trace's own seconds (see the module docstring);
+    ``costs``: the start and rescale costs to charge (wall s), None: the calibration's
+    rescale for both."""
     from parsl_bf.replay.jobsets import Job
     from parsl_bf.replay.policies import make_policy
     from parsl_bf.replay.simulator import ReplayConfig, replay
@@ -358,7 +368,8 @@ def replay_window(
     scale = window.time_scale
     nodes, curve = cal.curve(window.nodes)
     per_trace_s = tuple(x / scale for x in curve)
-    rescale = cal.rescale * scale
+    rescale = (cal.rescale if costs is None else costs.rescale) * scale
+    start = None if costs is None else costs.start * scale
     jobs = [
         Job(
             id=f"t{i + 1}",
@@ -372,6 +383,7 @@ def replay_window(
             nodes=nodes,
             throughput=per_trace_s,
             value=per_trace_s,
+            start_s=start,
         )
         for i in range(tasks)
     ]
@@ -383,6 +395,31 @@ def replay_window(
     summary["idle_node_s"] /= scale  # wall seconds, as the real runs
     summary["alloc_node_s"] /= scale
     return summary
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the real runs paid (wall s, medians): ``start``, a fragment start on nodes its task
+    did not hold (launch → first step); ``rescale``, a warm hand-over (predecessor's stop →
+    successor's first step); ``source`` says where each came from."""
+
+    start: float
+    rescale: float
+    source: str
+
+
+def measured_costs(figures: list[RunFigures], cal: Calibration) -> Costs:
+    """The runs' own start and rescale costs, for the replay that charges them; where the runs
+    measured none, the calibration's rescale cost stands in."""
+    fresh = [x for f in figures for x in f.fresh_startup_s]
+    handover = [x for f in figures for x in f.handover_s]
+    start = statistics.median(fresh) if fresh else cal.rescale
+    rescale = statistics.median(handover) if handover else cal.rescale
+    source = (
+        f"start {'runs, ' + str(len(fresh)) if fresh else 'calibration'}; "
+        f"rescale {'runs, ' + str(len(handover)) if handover else 'calibration'}"
+    )
+    return Costs(start, rescale, source)
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -510,7 +547,11 @@ def main() -> int:
             kw = {"min_node_life_s": life, "warm_rescale": warm}
             runs[name] = real_run(name, window, cal, args, tmp / name, **kw)
         rep = replay_window(window, cal, args.tasks, args.tfwd)
-        rep_charged = replay_window(window, cal, args.tasks, args.tfwd, charge_starts=True)
+        # replay+ charges what the runs themselves paid (aware and paper: warm rescales).
+        costs = measured_costs([runs["aware"].figures, runs["paper"].figures], cal)
+        rep_charged = replay_window(
+            window, cal, args.tasks, args.tfwd, charge_starts=True, costs=costs
+        )
     finally:
         left = _wait_gone(10)
         for pid in left:
@@ -586,8 +627,10 @@ def main() -> int:
         f"{_f(statistics.median(waited) if waited else None, '.2f')} s over {len(waited)}"
     )
     print(
-        "replay: the original's accounting (a start from 0 nodes is free); replay+: a start "
-        "from 0 nodes charged R_up·P(n) (--charge-starts), as a real fragment's start-up; "
+        "replay: the original's accounting (a start from 0 nodes is free, rescales charged "
+        "the calibration's cost); replay+: the costs the aware and paper runs paid, a start "
+        f"from 0 nodes {costs.start:.2f} s × P(n) and a rescale {costs.rescale:.2f} s × P(c) "
+        f"({costs.source}); "
         "held = pilot node-s / idle node-s; E_av* = E_avail with P(1) run (the median step rate "
         "of the run's 1-rank fragments; replay: the calibration's) instead of the calibration's "
         "P(1); decisions in s; replay lost = its preemption charge R·P; others = cores used by "
@@ -633,6 +676,11 @@ def main() -> int:
         },
         "P_samples_per_s": {str(k): round(v, 1) for k, v in cal.rates.items()},
         "rescale_s": round(cal.rescale, 3),
+        "replay_charged_costs_s": {
+            "start": round(costs.start, 3),
+            "rescale": round(costs.rescale, 3),
+            "source": costs.source,
+        },
         "fragment_startup_s": round(statistics.median(startup), 3) if startup else None,
         "window": {
             "node_offset": window.node_offset,

@@ -52,6 +52,13 @@ class RunFigures:
     decisions: list[float] = field(default_factory=list)  # seconds, every decision event
     startup_s: list[float] = field(default_factory=list)  # fragment_start → its first step
     waited_s: list[float] = field(default_factory=list)  # predecessor's stop → first step
+    #: The two costs the replay charges, as the real run paid them: a start on nodes the task
+    #: did not hold (``fragment_start`` with no ``after`` → first step: a first start, a
+    #: restart after preemption or failure), and a warm rescale's hand-over (the predecessor's
+    #: stop → the successor's first step, successors with ``after`` only: a restart's stop →
+    #: first step also counts the time the task had no node).
+    fresh_startup_s: list[float] = field(default_factory=list)
+    handover_s: list[float] = field(default_factory=list)
     rates1: list[float] = field(default_factory=list)  # samples/s of 1-rank steps from t0
 
 
@@ -79,7 +86,7 @@ def run_figures(
     res = RunFigures()
     running: dict[str, dict[int, int]] = {}  # task → generation → nodes, of running fragments
     changed: dict[str, float] = {}  # task → when its node count last changed
-    launched: dict[str, list[float]] = {}  # task → its fragment_start times
+    launched: dict[str, list[tuple[float, bool]]] = {}  # task → (fragment_start t, warm)
     pilots: dict[str, tuple[float, int]] = {}  # pilot → (up, nodes)
 
     def account(task: str, t: float) -> dict[int, int]:
@@ -98,7 +105,7 @@ def run_figures(
             frags = {g: n for g, n in account(e["task"], t).items() if g == after}
             frags[int(e.get("generation", len(starts)))] = int(e["nodes"])
             running[e["task"]] = frags
-            starts.append(t)
+            starts.append((t, after is not None))
             res.fragments += t <= t_end
         elif kind in _TASK_ENDED and e.get("task") in running:
             account(e["task"], t).clear()
@@ -128,7 +135,7 @@ def run_figures(
 def _task(
     res: RunFigures,
     reports: Sequence[Event],
-    launched: Sequence[float],
+    launched: Sequence[tuple[float, bool]],
     t0: float,
     t_end: float,
     batch: int,
@@ -140,11 +147,16 @@ def _task(
         if r["event"] == "start":
             if best:
                 res.lost += max(0, best - (r["samples"] - batch))
-            before = [t for t in launched if t <= r["first_step_at"]]
+            before = [(t, warm) for t, warm in launched if t <= r["first_step_at"]]
+            warm = bool(before) and before[-1][1]
             if before:
-                res.startup_s.append(r["first_step_at"] - before[-1])
+                res.startup_s.append(r["first_step_at"] - before[-1][0])
+                if not warm:
+                    res.fresh_startup_s.append(res.startup_s[-1])
             if r.get("stopped_at"):
                 res.waited_s.append(r["first_step_at"] - r["stopped_at"])
+                if warm:
+                    res.handover_s.append(res.waited_s[-1])
         best = max(best, r["samples"])
         if r["event"] == "step" and r["world"] == 1 and r.get("rate") and r["t"] >= t0:
             res.rates1.append(r["rate"])

@@ -53,6 +53,10 @@ class Job:
     nodes: tuple[int, ...]
     throughput: tuple[float, ...]
     value: tuple[float, ...]
+    #: Seconds a start from zero nodes costs (process start → first step), charged only with
+    #: ``ReplayConfig.charge_starts``; None: ``rescale_up_s``. Job set files do not carry it:
+    #: it is what a real run measured (``benchmarks/executor.py``).
+    start_s: float | None = None
 
     def task(self, current_nodes: int = 0, remaining_work: float | None = None) -> TaskSpec:
         """This job as the allocator sees it at one event."""

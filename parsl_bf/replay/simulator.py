@@ -2,7 +2,8 @@
 
 At every trace time some nodes change state. Between two events a task progresses
 Δt·P(n) samples, minus the rescale charge R_up·P(c) or R_down·P(c) of the event at which its
-count changed from c to n (with ``charge_starts``, a start from c = 0 is charged R_up·P(n));
+count changed from c to n (with ``charge_starts``, a start from c = 0 is charged R_up·P(n), or
+the job's own start cost ``Job.start_s``·P(n) where it has one);
 a task that loses nodes to preemption is charged R_down·P(c) once per event. Tasks are admitted
 first come first served, at most ``max_jobs`` at a time, and end once their samples reach their
 work (checked at events, as in the original). The allocation itself is the policy's (the same
@@ -46,7 +47,8 @@ class ReplayConfig:
     start_s: int = 0
     end_s: int | None = None  # None: the trace's end (or until every job is done)
     # The original replayer starts a task from zero nodes for free (its charge R·P(0) is 0);
-    # a real fragment start pays process start-up. True: charge R_up·P(n) for a 0 → n start.
+    # a real fragment start pays process start-up. True: charge R_up·P(n) (``Job.start_s``·P(n)
+    # where set) for a 0 → n start.
     charge_starts: bool = False
     # Buckets of the E_avail bound's LP (parsl_bf.replay.bound); 0 leaves the bound out.
     bound_buckets: int = DEFAULT_BUCKETS
@@ -272,7 +274,10 @@ def replay(
                         continue
                     n_rescales += 1
                     cost = task.job.rescale_up_s if n > c else task.job.rescale_down_s
-                    rate = task.throughput(n) if c == 0 and config.charge_starts else task.rate
+                    rate = task.rate
+                    if c == 0 and config.charge_starts:
+                        rate = task.throughput(n)
+                        cost = cost if task.job.start_s is None else task.job.start_s
                     task.charge += cost * rate
                     rescale_loss += cost * rate
                     owner[list(step.add)] = task.slot

@@ -82,6 +82,8 @@ def test_figures_of_a_run() -> None:
     # a: 97 - 95 and 146 - 142; b: 103 - 100; c: 182.5 - 180 (tasks in sorted order).
     assert f.startup_s == [2.0, 4.0, 3.0, 2.5]
     assert f.waited_s == [146 - 140]
+    # None of these starts was a warm hand-over: a's restart waited for a node after its stop.
+    assert (f.fresh_startup_s, f.handover_s) == ([2.0, 4.0, 3.0, 2.5], [])
     assert f.rates1 == [60.0, 70.0]  # 1-rank steps from t0 on
 
 
@@ -103,6 +105,19 @@ def test_a_warm_hand_over_holds_the_larger_fragment_until_the_other_stops() -> N
     f = run_figures(events, {}, 0.0, 100.0, BATCH)
     assert f.alloc_node_s == (50 + 2 * 50) + (2 * 62 + 38) + (70 + 2 * 5)
     assert (f.fragments, f.startup_s) == (6, [])
+    # g's reports: its first start is fresh; its successor's first step comes 1.5 s after its
+    # predecessor's stop: a hand-over, not a fresh start.
+    reports = {
+        "g": [
+            {"t": 1, "event": "start", "world": 1, "samples": 0, "first_step_at": 2},
+            {"t": 51, "event": "stop", "samples": 900},
+            {"t": 52, "event": "start", "world": 2, "samples": 910, "first_step_at": 52.5,
+             "stopped_at": 51},
+        ]
+    }  # fmt: skip
+    f = run_figures(events, reports, 0.0, 100.0, BATCH)
+    assert (f.startup_s, f.fresh_startup_s) == ([2.0, 2.5], [2.0])
+    assert (f.waited_s, f.handover_s) == ([1.5], [1.5])
 
 
 def test_a_restart_or_a_cold_start_ends_the_fragments_before_it() -> None:

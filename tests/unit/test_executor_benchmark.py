@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -43,3 +44,18 @@ def test_a_run_p1_far_from_the_calibration_marks_the_run(bench):
     assert [r.split()[0] for r in reasons] == ["aware", "paper"]
     assert "-12%" in reasons[0] and "+12%" in reasons[1]
     assert bench.noise({"aware": row(0.7, 905.0)}, 1000.0) == []  # 9.5 % off: within
+
+
+def test_replay_plus_is_charged_what_the_runs_paid(bench):
+    from parsl_bf.executor.analysis import RunFigures
+
+    cal = SimpleNamespace(rescale=5.0)
+    aware = RunFigures(fresh_startup_s=[2.0, 4.0], handover_s=[1.0])
+    paper = RunFigures(fresh_startup_s=[3.0], handover_s=[0.5, 0.9])
+    costs = bench.measured_costs([aware, paper], cal)
+    assert (costs.start, costs.rescale) == (3.0, 0.9)
+    assert costs.source == "start runs, 3; rescale runs, 3"
+    # No warm hand-over in the runs: the calibration's rescale stands in, and says so.
+    costs = bench.measured_costs([RunFigures(fresh_startup_s=[2.0])], cal)
+    assert (costs.start, costs.rescale) == (2.0, 5.0)
+    assert costs.source == "start runs, 1; rescale calibration"

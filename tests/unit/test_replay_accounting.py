@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from parsl_bf.allocation import AllocationProblem, TaskSpec, solve_exact
@@ -52,6 +54,19 @@ def test_charge_starts_charges_a_start_from_zero_at_the_new_rate() -> None:
     s = replay(trace, [_job()], make_policy("exact"), config).summary
     assert s["samples"] == pytest.approx(20_000 - 2_000 - 1_000 + 20_000)
     assert s["rescale_loss_samples"] == pytest.approx(2_000)
+
+
+def test_a_measured_start_cost_replaces_r_up_for_a_start_only() -> None:
+    # As above with the job's own start cost 3 s: the start is charged 3 × P(2) = 600, the
+    # preemption still R_down·P(2) = 1,000; without charge_starts a start stays free.
+    trace = idle_trace([True, True], [(100, 1, False)], 300)
+    job = dataclasses.replace(_job(), start_s=3.0)
+    charged = ReplayConfig(tfwd=1000, charge_starts=True)
+    s = replay(trace, [job], make_policy("exact"), charged).summary
+    assert s["samples"] == pytest.approx(20_000 - 600 - 1_000 + 20_000)
+    assert s["rescale_loss_samples"] == pytest.approx(600)
+    free = replay(trace, [job], make_policy("exact"), ReplayConfig(tfwd=1000)).summary
+    assert free["samples"] == pytest.approx(20_000 - 1_000 + 20_000)
 
 
 def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work() -> None:
