@@ -5,8 +5,8 @@ At the decision the old ranks get SIGUSR1: they finish their step, rank 0 writes
 and the result file, they exit. The new size runs with ``--after`` that result file: it imports
 torch and builds the model and optimizer, waits for the file, loads the checkpoint and steps.
 Modes (``--mode``, a comma-separated list; by default all four, in one run, ``ranks`` first:
-the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s`` and ``step_s`` are the
-first mode's):
+the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_in_place_s``
+and ``step_s`` are the first mode's):
 
 - ``standby``: one ``mpiexec -n N`` of the new size started before the decision, waiting until
   it reports ``--ready``, as a pilot's warm workers on their nodes would be;
@@ -20,7 +20,10 @@ first mode's):
   and ``grow`` (the executor's warm hand-over: at the decision the new size is launched with
   ``--after``/``--ready``, and the old one gets SIGUSR1 once the new one is ready). Besides the
   decision → first step it reports the step time at the new size (from the ``step`` reports)
-  and the overhead, the difference, against the target of 0.5 s;
+  and the overhead, the difference, against the target of 0.5 s. A fifth case,
+  ``shrink_in_place``, shrinks the grown fragment again without a hand-over
+  (:mod:`parsl_bf.training.shrink`): the decision writes the request, the kept ranks take
+  their next step at the new size in the same processes and the others leave;
 - ``ranks-cold``: the same four cases with no pool: each rank a cold ``mpiexec -n 1`` started
   at the decision (what a launch gets when no standby is ready), the baseline of ``ranks``.
 
@@ -52,6 +55,7 @@ from parsl_bf.executor.agent import _output  # noqa: E402
 from parsl_bf.executor.ranks import RankGroup, RankPool, launch_ranks  # noqa: E402
 from parsl_bf.training.command import MPIEXEC, mpiexec_argv, worker_argv  # noqa: E402
 from parsl_bf.training.handover import MODES  # noqa: E402
+from parsl_bf.training.shrink import ShrinkRequest  # noqa: E402
 from tests.integration.fragments import rank_pids  # noqa: E402
 
 TASK = "parsl_bf.training.examples:resnet18_synthetic"
@@ -59,7 +63,7 @@ GLOBAL_BATCH = 16  # samples per step at every world size
 OPTIONS = {"samples": 128, "image": 64, "global_batch": GLOBAL_BATCH}
 HANDOVER_MODES = ("standby", "cold")
 RANKS_MODES = ("ranks", "ranks-cold")
-CASES = ("start", "restart", "shrink", "grow")
+CASES = ("start", "restart", "shrink", "grow", "shrink_in_place")
 TARGET_OVERHEAD_S = 0.5  # the issue's target: decision → first step ≤ 0.5 s + one step
 #: An overhead below -NOISE (or -10 % of a step) cannot be: the first step is a step.
 NOISE_S = 0.05
@@ -203,6 +207,7 @@ class Fragment:
             "checkpoint_every": 1000,  # only the stop's checkpoint
             "report": self.dir / "report.jsonl",
             "result": self.dir / "result.json",
+            "shrink": self.dir / "shrink.json",
         }
         if world > 1:  # every rank its own rendezvous group, as the executor launches them
             flags["rendezvous"] = self.dir / "rendezvous"
@@ -237,17 +242,19 @@ class Fragment:
             print(err.read_text() if err.exists() else "", file=sys.stderr)
             raise RuntimeError(f"fragment gen-{self.gen} exited with {code}")
 
-    def first_steps(self) -> tuple[dict, dict]:
-        """Its ``start`` report and the first ``step`` report after it."""
+    def first_steps(self, event: str = "start") -> tuple[dict, dict]:
+        """Its first ``event`` report (``start``, or ``shrunk``: its first step at the new
+        size) and the first ``step`` report after it."""
         found: dict[str, dict] = {}
 
         def seen() -> bool:
             for r in reports(self.dir):
-                found.setdefault(r["event"], r)
-            return "start" in found and "step" in found
+                if r["event"] == event or event in found:
+                    found.setdefault(r["event"], r)
+            return event in found and "step" in found
 
         wait_until(seen, poll=0.01, check=self.check)
-        return found["start"], found["step"]
+        return found[event], found["step"]
 
     def stop(self, sig: int) -> None:
         """``sig`` to its ranks; wait for them to checkpoint and exit."""
@@ -330,6 +337,27 @@ def measure(
     return out
 
 
+def measure_in_place(frag: Fragment, decided: float, old_size: int) -> dict:
+    """The in-place shrink's figures, from the fragment's ``shrunk`` report (its first step at
+    the new size, in the same processes) and the ``step`` report after it."""
+    shrunk, step = frag.first_steps("shrunk")
+    steps = (step["samples"] - shrunk["samples"]) / GLOBAL_BATCH
+    first = shrunk["first_step_at"] - decided
+    step_s = (step["t"] - shrunk["first_step_at"]) / steps
+    out = {"case": "shrink_in_place", "from": old_size, "to": shrunk["world"]}
+    out |= {"decision_to_first_step_s": first, "step_s": step_s, "overhead_s": first - step_s}
+    out |= dict.fromkeys(("ready_s", "old_stopped_s", "old_saved_s", "loaded_s", "pause_s"))
+    why = []
+    if first < 0:
+        why.append("first step before the decision")
+    if step_s <= 0:
+        why.append("step time not positive")
+    elif out["overhead_s"] < -max(NOISE_S, 0.1 * step_s):
+        why.append("negative overhead beyond noise")
+    out["suspect"] = why
+    return out
+
+
 def ranks_cycle(
     tmp: Path,
     pool: RankPool | None,
@@ -338,8 +366,8 @@ def ranks_cycle(
     env: dict[str, str],
     emit: Callable[[dict], None],
 ) -> None:
-    """start (big, from nothing) → preempted, restart (big) → shrink (small) → grow (big);
-    ``emit`` each case's figures."""
+    """start (big, from nothing) → preempted, restart (big) → shrink (small) → grow (big) →
+    shrink in place (small); ``emit`` each case's figures."""
     live: list[Fragment] = []
     try:
         # 1. From zero nodes: no checkpoint.
@@ -377,6 +405,12 @@ def ranks_cycle(
             row = measure(case, frag, decided, old.world, ready_at, old)
             live.remove(old)
             emit(row)
+
+        # 5. The same shrink in place: the kept ranks train on in memory, the others leave.
+        decided = time.time()
+        ShrinkRequest(tuple(range(small)), of=frag.world).write(frag.dir / "shrink.json")
+        emit(measure_in_place(frag, decided, frag.world))
+        frag.world = small
         frag.stop(signal.SIGTERM)
         live.remove(frag)
     finally:
@@ -437,7 +471,7 @@ def _ranks_row(mode: str, r: dict) -> str:
         return f"{x:8.2f}" if x is not None else f"{'-':>8}"
 
     row = (
-        f"{mode:>10} {r['case']:>8} {r['from']:>4} {r['to']:>3} "
+        f"{mode:>10} {r['case']:>15} {r['from']:>4} {r['to']:>3} "
         f"{f(r['decision_to_first_step_s'])} {f(r['step_s'])} {f(r['overhead_s'])} "
         f"{f(r['ready_s'])} {f(r['old_stopped_s'])} {f(r['old_saved_s'])} "
         f"{f(r['loaded_s'])} {f(r['pause_s'])}"
@@ -523,7 +557,7 @@ def main() -> int:
                 results[mode] = handover(mode, repeats, big, small, env, suspect)
             else:
                 print(
-                    f"\n{'mode':>10} {'case':>8} {'from':>4} {'to':>3} {'1st step':>8} "
+                    f"\n{'mode':>10} {'case':>15} {'from':>4} {'to':>3} {'1st step':>8} "
                     f"{'step':>8} {'overhead':>8} {'ready':>8} {'old stop':>8} {'old save':>8} "
                     f"{'loaded':>8} {'pause':>8}   (seconds from the decision)"
                 )
@@ -549,14 +583,14 @@ def main() -> int:
             )
     for mode in (m for m in modes if m in RANKS_MODES):
         print(
-            f"\n{mode:>10} {'case':>8} {'1st step':>8} {'step':>8} {'overhead':>8} "
+            f"\n{mode:>10} {'case':>15} {'1st step':>8} {'step':>8} {'overhead':>8} "
             f"{'target':>8} (overhead ≤ {TARGET_OVERHEAD_S} s)"
         )
         for case, r in results[mode].items():
             met = {None: "-", True: "met", False: "MISSED"}[r["target_met"]]
             cells = [r["decision_to_first_step_s"], r["step_s"], r["overhead_s"]]
             print(
-                f"{'':>10} {case:>8} "
+                f"{'':>10} {case:>15} "
                 + " ".join(f"{x:8.2f}" if x is not None else f"{'-':>8}" for x in cells)
                 + f" {met:>8}  (n={r['n']})"
             )

@@ -18,7 +18,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-__all__ = ["MPIBatchNorm", "convert_batchnorm", "has_batchnorm"]
+__all__ = ["MPIBatchNorm", "convert_batchnorm", "has_batchnorm", "set_comm"]
 
 
 def _allreduce(comm: MPI.Comm, tensor: torch.Tensor) -> torch.Tensor:
@@ -144,3 +144,11 @@ def convert_batchnorm(module: nn.Module, comm: MPI.Comm) -> nn.Module:
         if converted is not child:
             setattr(module, name, converted)
     return module
+
+
+def set_comm(module: nn.Module, comm: MPI.Comm) -> None:
+    """Every :class:`MPIBatchNorm` of ``module`` normalises over ``comm`` from now on (the
+    ranks left after an in-place shrink)."""
+    for m in module.modules():
+        if isinstance(m, MPIBatchNorm):
+            m.comm = comm

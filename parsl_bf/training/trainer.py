@@ -40,7 +40,8 @@ from .data import step_plan, total_steps
 from .exchange import FlatGradients, fingerprint, quiet_barrier
 from .handover import Receiver
 from .reports import ReportSink
-from .syncbn import convert_batchnorm, has_batchnorm
+from .shrink import ShrinkRequest
+from .syncbn import convert_batchnorm, has_batchnorm, set_comm
 
 __all__ = [
     "ElasticTrainer",
@@ -196,7 +197,9 @@ def _positive(value: Any) -> bool:
 
 @dataclass
 class TrainOutcome:
-    status: str  # "done" (all the work) or "stopped" (checkpointed on request)
+    #: "done" (all the work), "stopped" (checkpointed on request) or "left" (this rank left
+    #: at an in-place shrink; the others trained on)
+    status: str
     samples: int
     steps: int
     world: int
@@ -256,6 +259,15 @@ class ElasticTrainer:
     ``before_load`` is called once the model and optimizer exist and before the checkpoint is
     read: a new run started while its predecessor is still stopping waits there, and returns
     the listener that got the predecessor's state, if any (:mod:`.handover`).
+
+    ``should_shrink`` is polled like ``should_stop`` (e.g. "a request file is there"): once any
+    rank has seen it, every rank calls ``take_shrink(read)`` (which clears what it saw) and
+    the :class:`~parsl_bf.training.shrink.ShrinkRequest` rank 0 reads (``read`` True there)
+    decides. The ranks it keeps split off a
+    communicator of their own and train on with the model, optimizer and data position in
+    memory, from the next step at the new size; the others return ``status`` ``"left"``. A
+    request that cannot be done in place is a stop; one made for another world size (late,
+    or repeated) is dropped.
     """
 
     def __init__(
@@ -271,6 +283,9 @@ class ElasticTrainer:
         started_at: float | None = None,
         before_load: Callable[[], Receiver | None] = lambda: None,
         stop_at: int | None = None,
+        should_shrink: Callable[[], bool] = lambda: False,
+        take_shrink: Callable[[bool], ShrinkRequest | None] = lambda read: None,
+        shrink_at: int | None = None,
     ) -> None:
         self.task, self.comm, self.work = task, comm, int(work)
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -282,6 +297,9 @@ class ElasticTrainer:
         self.started_at = started_at  # when the process started (imports take a while)
         self.before_load = before_load
         self.stop_at = stop_at
+        self.should_shrink = should_shrink
+        self.take_shrink = take_shrink
+        self.shrink_at = shrink_at  # a shrink asked at an exact step (tests, benchmarks)
 
     def _seed(self) -> None:
         torch.manual_seed(self.task.seed)
@@ -398,75 +416,115 @@ class ElasticTrainer:
         last_t, last_samples = None, samples
         first_step_at = None
         status = "done"
+        shrunk_from: int | None = None  # the world before an in-place shrink, until its step
         model.train()
-        for (batch, idx), local_batch in zip(plan(), batches, strict=True):
-            if grads is not None:
-                grads.zero()
-            else:
-                for p in params:
-                    p.grad = None
-            local = torch.zeros((), device=device)
-            # With global batch norm every rank joins each step's collectives, with an empty
-            # share if need be; without it an empty share skips the model.
-            if len(idx) or synced:
-                local_batch = to_device(local_batch, device)
-                with autocast():
-                    if task.step is not None:
-                        ctx = StepContext(device, rank, world, batch, steps, samples)
-                        local = task.step(model, local_batch, ctx)
-                    else:
-                        inputs, targets = local_batch
-                        local = task.loss(model(inputs), targets)
-                    local = local.float().sum()
-                scaler.scale(local / batch).backward()
-            if grads is not None:
-                grads.allreduce(comm)
-            if scaler.is_enabled():
-                scaler.unscale_(optimizer)
-            if task.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, task.clip_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            if scheduler is not None:
-                scheduler.step()
-            samples += batch
-            steps += 1
-            # One small Allreduce for the step's loss and for "has any rank been asked to stop".
-            shared = np.array([float(local.detach()), float(self.should_stop())])
-            comm.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
-            total_loss = loss_value = float(shared[0]) / batch
-            stop = shared[1] > 0
-            now = time.time()
-            if first_step_at is None:
-                first_step_at = now
-                if rank == 0:
+        while True:
+            keep: list[int] | None = None
+            for (batch, idx), local_batch in zip(plan(), batches, strict=True):
+                if grads is not None:
+                    grads.zero()
+                else:
+                    for p in params:
+                        p.grad = None
+                local = torch.zeros((), device=device)
+                # With global batch norm every rank joins each step's collectives, with an empty
+                # share if need be; without it an empty share skips the model.
+                if len(idx) or synced:
+                    local_batch = to_device(local_batch, device)
+                    with autocast():
+                        if task.step is not None:
+                            ctx = StepContext(device, rank, world, batch, steps, samples)
+                            local = task.step(model, local_batch, ctx)
+                        else:
+                            inputs, targets = local_batch
+                            local = task.loss(model(inputs), targets)
+                        local = local.float().sum()
+                    scaler.scale(local / batch).backward()
+                if grads is not None:
+                    grads.allreduce(comm)
+                if scaler.is_enabled():
+                    scaler.unscale_(optimizer)
+                if task.clip_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(params, task.clip_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                if scheduler is not None:
+                    scheduler.step()
+                samples += batch
+                steps += 1
+                # One small Allreduce for the step's loss and for "has any rank been asked to
+                # stop" and "... to shrink".
+                planned_shrink = self.shrink_at is not None and samples >= self.shrink_at
+                asked = [float(self.should_stop()), float(self.should_shrink() or planned_shrink)]
+                shared = np.array([float(local.detach()), *asked])
+                comm.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
+                total_loss = loss_value = float(shared[0]) / batch
+                stop, shrink = shared[1] > 0, shared[2] > 0
+                now = time.time()
+                if first_step_at is None:
+                    first_step_at = now
+                    if rank == 0:
+                        self.reports.emit(
+                            "start",
+                            world=world,
+                            samples=samples,
+                            resume_s=now - self.began,
+                            process_started_at=self.started_at,
+                            trainer_at=self.began,
+                            loaded_at=loaded_at,
+                            first_step_at=now,
+                            stopped_at=stopped_at,
+                            from_peer=from_peer and found is not None,
+                        )
+                    last_t, last_samples = now, samples
+                elif shrunk_from is not None:
+                    if rank == 0:  # the first step at the new size, in the same processes
+                        self.reports.emit(
+                            "shrunk", world=world, samples=samples, first_step_at=now,
+                            previous_world=shrunk_from,
+                        )  # fmt: skip
+                    shrunk_from, last_t, last_samples = None, now, samples
+                elif rank == 0 and steps % self.report_every == 0:
+                    rate = (samples - last_samples) / max(1e-9, now - last_t)
                     self.reports.emit(
-                        "start",
-                        world=world,
-                        samples=samples,
-                        resume_s=now - self.began,
-                        process_started_at=self.started_at,
-                        trainer_at=self.began,
-                        loaded_at=loaded_at,
-                        first_step_at=now,
-                        stopped_at=stopped_at,
-                        from_peer=from_peer and found is not None,
+                        "step", world=world, samples=samples, rate=rate, loss=total_loss
                     )
-                last_t, last_samples = now, samples
-            elif rank == 0 and steps % self.report_every == 0:
-                rate = (samples - last_samples) / max(1e-9, now - last_t)
-                self.reports.emit("step", world=world, samples=samples, rate=rate, loss=total_loss)
-                last_t, last_samples = now, samples
-            every = task.evaluate_every
-            if every and (samples - batch) // every != samples // every and samples < self.work:
-                self._evaluate(model, samples, history)
-                model.train()
-            planned = self.stop_at is not None and samples >= self.stop_at
-            if (stop or planned) and samples < self.work:
-                status = "stopped"
+                    last_t, last_samples = now, samples
+                every = task.evaluate_every
+                if every and (samples - batch) // every != samples // every and samples < self.work:
+                    self._evaluate(model, samples, history)
+                    model.train()
+                planned = self.stop_at is not None and samples >= self.stop_at
+                if (stop or planned) and samples < self.work:
+                    status = "stopped"
+                    break
+                if steps % self.checkpoint_every == 0:
+                    self._save(saved, samples, steps, None)
+                if shrink and samples < self.work:
+                    self.shrink_at = None
+                    keep = self._agree_shrink(world)
+                    if keep is None:
+                        continue  # a stale request: dropped
+                    if not keep:
+                        status = "stopped"  # not possible in place: the executor restarts it
+                    break
+            if status != "done" or not keep:
                 break
-            if steps % self.checkpoint_every == 0:
-                self._save(saved, samples, steps, None)
+            # Shrink in place: the kept ranks go on with everything in memory.
+            batches.close()  # its loader's workers, if any, end with it
+            new = comm.Split(0 if rank in keep else MPI.UNDEFINED, key=rank)
+            if new == MPI.COMM_NULL:
+                status = "left"
+                break
+            shrunk_from, comm, rank, world = world, new, new.rank, new.size
+            self.comm = comm
+            if world == 1:
+                grads = None  # autograd's own gradients, as a fragment started at one rank
+            if synced:
+                set_comm(model, comm)
+            batches = samples_of.batches(plan(), task.loader_workers, device.type == "cuda")
+        if status == "left":
+            return TrainOutcome(status, samples, steps, world, loss_value, None, {}, [], None)
         stopped = time.time() if status == "stopped" else None
         metrics: dict[str, float] = {}
         model_path = None
@@ -490,6 +548,14 @@ class ElasticTrainer:
             model_path,
             loaded_samples,
         )
+
+    def _agree_shrink(self, world: int) -> list[int] | None:
+        """Every rank takes (and clears) its shrink request; rank 0's decides. The ranks to
+        keep; [] when it cannot be done in place (a stop instead); None for a request made
+        for another world size (dropped)."""
+        mine = self.take_shrink(self.comm.rank == 0)
+        request = self.comm.bcast(mine, root=0)
+        return None if request is None else request.kept(world)
 
     def _evaluate(
         self, model: torch.nn.Module, samples: int, history: list[dict[str, float]]

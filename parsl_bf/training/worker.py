@@ -5,7 +5,10 @@
 
 SIGTERM or SIGUSR1 (preemption, or a rescale decided by the executor) makes every rank finish
 its step, checkpoint and exit 0 with ``"status": "stopped"`` in the result file; starting the
-same command again, at any world size, continues from the checkpoint. A rescale is fastest as a
+same command again, at any world size, continues from the checkpoint. A request written to the
+``--shrink`` file (:mod:`.shrink`) shrinks the fragment in place: the ranks it keeps train on
+in memory at the new size and the others exit 0 at once (no result file: the fragment's is
+rank 0's, which stays); a task's own training loop takes it as a stop. A rescale is fastest as a
 warm start: launch the new size with ``--after OLD_RESULT`` (at the decision, or earlier as a
 standby that reports ``--ready``), then signal the old ranks; the new ranks import torch and
 build the model before the old ones stop, and take over from their checkpoint.
@@ -41,6 +44,7 @@ from . import elastic, handover
 from .checkpoint import CheckpointError
 from .rendezvous import join
 from .reports import ReportSink, write_result
+from .shrink import ShrinkRequest
 from .trainer import (
     ElasticTrainer,
     TrainingInputError,
@@ -88,6 +92,33 @@ def _process_started_at() -> float | None:
     except (OSError, ValueError, StopIteration, IndexError):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+#: Seconds between two looks for a shrink request.
+SHRINK_POLL_S = 0.05
+
+
+class ShrinkPoll:
+    """Whether a shrink request is in ``path`` (looked at every :data:`SHRINK_POLL_S` at most),
+    and taking it: rank 0 reads and removes it, the others just stop asking."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.seen, self.next = path, False, 0.0
+
+    def asked(self) -> bool:
+        now = time.monotonic()
+        if self.path is not None and now >= self.next:
+            self.seen, self.next = self.path.exists(), now + SHRINK_POLL_S
+        return self.seen
+
+    def take(self, read: bool) -> ShrinkRequest | None:
+        self.seen, self.next = False, 0.0
+        if not read or self.path is None or not self.path.exists():
+            return None
+        request = ShrinkRequest.read(self.path)  # unreadable: keeps no rank, a stop
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # taken: the one who asked sees it go
+        return request
 
 
 class StoppedInStandby(Exception):
@@ -203,6 +234,18 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         "the default)",
     )
     ap.add_argument(
+        "--shrink",
+        type=Path,
+        help="once a request appears in this file (parsl_bf.training.shrink), keep the ranks "
+        "it names with the state in memory and let the others leave; rank 0 removes it",
+    )
+    ap.add_argument(
+        "--shrink-at",
+        type=int,
+        help="look for the --shrink request once this many samples are done (tests, "
+        "benchmarks: a shrink at an exact step)",
+    )
+    ap.add_argument(
         "--stop-at",
         type=int,
         help="checkpoint and stop (status stopped) once this many samples are done: a planned "
@@ -218,6 +261,11 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
 
     signal.signal(signal.SIGTERM, ask_stop)
     signal.signal(signal.SIGUSR1, ask_stop)
+    # Not a signal: mpiexec dies of SIGUSR2, and a cold launch's ranks are reached only
+    # through it. The file is on the checkpoints' (shared) file system; looked for at most
+    # every SHRINK_POLL_S, since a stat per step would load a parallel file system.
+    shrink = ShrinkPoll(args.shrink)
+    shrink_asked = (lambda: False) if args.shrink_at is not None else shrink.asked
     comm = join(args.rendezvous, args.group, args.groups) if args.groups > 1 else MPI.COMM_WORLD
     _share_cores(comm)
     reports = ReportSink(args.report if comm.rank == 0 else None)
@@ -238,7 +286,8 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
             work=args.work,
             checkpoint_every=args.checkpoint_every,
             reports=reports,
-            should_stop=lambda: stop["asked"],
+            # A loop of the task's own cannot shrink in place: a request is a stop for it.
+            should_stop=lambda: stop["asked"] or shrink_asked(),
             before_load=before_load,
             stop_at=args.stop_at,
             started_at=started,
@@ -268,6 +317,9 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
                 started_at=started,
                 before_load=before_load,
                 stop_at=args.stop_at,
+                should_shrink=shrink_asked,
+                take_shrink=shrink.take,
+                shrink_at=args.shrink_at,
             )
             try:
                 outcome = trainer.run()
@@ -293,7 +345,16 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     finally:
         if receiver is not None:
             receiver.close()  # idempotent: the load closed it, unless it never came to that
-    if comm.rank == 0 and args.result:
+    if outcome.status == "left":
+        # In one mpiexec world MPICH's MPI_Finalize waits for every rank: give back what this
+        # rank held before it waits (each rank its own mpiexec, as the executor launches
+        # them, exits at once).
+        del trainer, task
+        gc.collect()
+        cuda = getattr(sys.modules.get("torch"), "cuda", None)
+        if cuda is not None and cuda.is_available():
+            cuda.empty_cache()
+    elif comm.rank == 0 and args.result:
         write_result(args.result, asdict(outcome))
     return 0
 

@@ -1,0 +1,110 @@
+"""In-place shrink (parsl_bf.training.shrink): the kept ranks train on in memory, the others
+leave; real mpiexec ranks and the digits example."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from parsl_bf.training import load_latest
+from parsl_bf.training.shrink import ShrinkRequest
+
+from .fragments import MPIEXEC, ROOT, env, result, run, wait_for_report, worker_args
+
+pytestmark = pytest.mark.slow
+
+
+def _reports(tmp: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp / "report.jsonl").read_text().splitlines()]
+
+
+def _params(tmp: Path) -> dict[str, torch.Tensor]:
+    return load_latest(tmp / "ckpt")["model"]
+
+
+def test_a_shrink_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> None:
+    """3 ranks to 640 samples, then rank 2 leaves and ranks 0 and 1 go on in the same
+    processes: the same samples and model as 2 ranks throughout, and no restart."""
+    whole, shrunk = tmp_path / "whole", tmp_path / "shrunk"
+    done = run(2, whole, 2500)
+    assert done.returncode == 0, done.stderr
+    request = shrunk / "shrink.json"
+    shrunk.mkdir()
+    ShrinkRequest((0, 1), of=3).write(request)
+    done = run(3, shrunk, 2500, shrink=request, shrink_at=640)
+    assert done.returncode == 0, done.stderr  # the leaver exited 0 too
+    assert result(shrunk)["samples"] == 2500 and result(shrunk)["world"] == 2
+    events = [(r["event"], r.get("world")) for r in _reports(shrunk)]
+    assert events[0] == ("start", 3) and ("shrunk", 2) in events and events[-1] == ("done", 2)
+    assert [e for e, _ in events].count("start") == 1  # the same processes throughout
+    first = next(r for r in _reports(shrunk) if r["event"] == "shrunk")
+    assert first["previous_world"] == 3 and first["samples"] == 640 + 64  # the step after
+    a, b = _params(whole), _params(shrunk)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_request_shrinks_a_running_fragment_and_the_leaver_exits(tmp_path: Path) -> None:
+    """Two ranks, each its own mpiexec as the executor launches them: once the request is
+    written, rank 1 exits while rank 0 trains on alone."""
+    request = tmp_path / "shrink.json"
+    flags = {"rendezvous": tmp_path / "rdv", "groups": 2, "shrink": request}
+    ranks = [
+        subprocess.Popen(
+            [MPIEXEC, "-n", "1", *worker_args(tmp_path, 10**9, group=g, **flags)],
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for g in (0, 1)
+    ]
+    try:
+        wait_for_report(tmp_path, "step")
+        ShrinkRequest((0,), of=2).write(request)
+        shrunk = wait_for_report(tmp_path, "shrunk")
+        assert shrunk["world"] == 1 and shrunk["previous_world"] == 2
+        assert ranks[1].wait(timeout=120) == 0, ranks[1].stderr.read()  # left, at once
+        assert ranks[0].poll() is None and not request.exists()  # taken
+        # A request for the old size, made again, is taken and dropped: training goes on.
+        ShrinkRequest((0,), of=2).write(request)
+        until(lambda: not request.exists())
+        last = wait_for_report(tmp_path, "step", min_samples=shrunk["samples"] + 1)
+        later = wait_for_report(tmp_path, "step", min_samples=last["samples"] + 1)
+        assert later["world"] == 1
+        ranks[0].send_signal(signal.SIGTERM)
+        assert ranks[0].wait(timeout=120) == 0, ranks[0].stderr.read()
+    finally:
+        for proc in ranks:
+            if proc.poll() is None:
+                proc.kill()
+    out = result(tmp_path)
+    assert out["status"] == "stopped" and out["world"] == 1
+    assert [r["event"] for r in _reports(tmp_path)].count("shrunk") == 1
+
+
+def test_a_shrink_that_drops_rank_0_is_a_stop_and_the_run_resumes(tmp_path: Path) -> None:
+    request = tmp_path / "shrink.json"
+    ShrinkRequest((1,), of=2).write(request)
+    done = run(2, tmp_path, 2500, shrink=request, shrink_at=640)
+    assert done.returncode == 0, done.stderr
+    stopped = result(tmp_path)
+    assert stopped["status"] == "stopped" and stopped["samples"] == 640  # at that step
+    assert load_latest(tmp_path / "ckpt")["samples"] == stopped["samples"]
+    again = run(1, tmp_path, 2500)
+    assert again.returncode == 0, again.stderr
+    assert result(tmp_path)["samples"] == 2500
+
+
+def until(pred, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
