@@ -172,18 +172,19 @@ def iterable_dataset(**options):
     return task
 
 
-def paced_digits(per_sample_s: float = 1e-3, **options):
+def paced_digits(per_sample_s: float = 1e-3, per_step_s: float = 0.0, **options):
     """The digits CNN with each rank's step also waiting ``per_sample_s`` per sample of its
     share: a model whose step time is dominated by its share, as a large model's is, so that
     two ranks train faster than one however busy the machine's cores are (a sleep needs no
-    core). For tests of growing and shrinking that must not depend on the machine's load."""
+    core). For tests of growing and shrinking that must not depend on the machine's load.
+    ``per_step_s``: a wait per step whatever the share, as a model that does not scale."""
     import time
 
     task = digits_cnn(**options)
 
     def step(model, batch, ctx):
         inputs, targets = batch
-        time.sleep(per_sample_s * len(inputs))
+        time.sleep(per_step_s + per_sample_s * len(inputs))
         return torch.nn.functional.cross_entropy(model(inputs), targets, reduction="sum")
 
     task.step = step
@@ -214,3 +215,10 @@ def digits_on(device: str, **options):
     import dataclasses
 
     return dataclasses.replace(digits_cnn(**options), device=device)
+
+
+def evaluated_digits(evaluate_every: int = 500, **options):
+    """``digits_cnn`` evaluated (by rank 0) every ``evaluate_every`` samples."""
+    task = digits_cnn(**options)
+    task.evaluate_every = evaluate_every
+    return task

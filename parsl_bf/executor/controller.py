@@ -23,6 +23,12 @@ object as the replay's), the counts are mapped to nodes without migration
   over from its result. Otherwise (nodes still held by another task, or
   ``warm_rescale=False``) it is *cold*: stop, then start the new size at the decision after
   the stop.
+- *Shrink in place* (``shrink_in_place``), when a running fragment keeps part of its nodes and
+  the nodes it gives back are whole launchers (pilots): :class:`ShrinkFragment`. Its kept
+  ranks train on in memory and the others leave (:mod:`parsl_bf.training.shrink`); the nodes
+  given back stay busy until their launchers have exited. Not done by then
+  (``handover_timeout_s``), or not possible in place (the trainer stops instead), the
+  fragment stops and starts again at the new size.
 - *Stop*: ``TERM`` to each of the fragment's launchers; ``KILL`` to what is left after
   ``stop_grace_s`` (ranks blocked on a peer that died with its pilot).
 - *Exit classification*, when a fragment's last process has exited: its result says ``done``
@@ -73,6 +79,7 @@ from .lifecycle import (
     Rescaled,
     Resolve,
     RunPlain,
+    ShrinkFragment,
     Signal,
     StartFragment,
     TaskSubmitted,
@@ -129,8 +136,11 @@ class ElasticTask:
     # The previous fragment (generation, nodes) while it hands over to the current one: its
     # nodes stay busy, and the task is not rescaled again, until it has exited.
     previous: tuple[int, tuple[Node, ...]] | None = None
+    # Nodes an in-place shrink gave back: busy until the ranks there have left.
+    releasing: tuple[Node, ...] = ()
     measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
     measured_rescale_s: list[float] = field(default_factory=list)
+    measured_shrink_s: list[float] = field(default_factory=list)  # in-place shrinks
     metrics: dict[str, Any] | None = None  # the latest evaluation, for parsl-bf status
     resolved: bool = False  # its future has its result (or error)
     restarts: int = 0  # fragments restarted after a failure (a crashed rank, a lost node)
@@ -159,8 +169,10 @@ class ElasticTask:
         return tuple(range(self.max_nodes + 1)), (0.0, *rates)
 
     def held(self) -> set[Node]:
-        """The nodes its fragments occupy: the current one's and a handing-over one's."""
+        """The nodes its fragments occupy: the current one's, a handing-over one's and those
+        an in-place shrink is giving back."""
         nodes = set(self.nodes) if self.state in ("running", "stopping") else set()
+        nodes |= set(self.releasing)
         return nodes | set(self.previous[1]) if self.previous is not None else nodes
 
     def rescale_cost(self) -> float:
@@ -169,6 +181,12 @@ class ElasticTask:
             if self.measured_rescale_s
             else self.rescale_s
         )
+
+    def shrink_cost(self) -> float:
+        """A shrink's cost: in place as measured, else as any rescale."""
+        if self.measured_shrink_s:
+            return statistics.median(self.measured_shrink_s)
+        return self.rescale_cost()
 
 
 @dataclass
@@ -193,6 +211,9 @@ class Fragment:
     kill_at: float | None = None  # KILL what is left then
     lost: bool = False  # a launcher went with its pilot
     code: int = 0  # the first non-zero exit code
+    placement: Placement = ()  # as started: launcher g runs the hosts of placement[g]
+    leaving: set[str] = field(default_factory=set)  # launchers an in-place shrink lets go
+    shrink_deadline: float | None = None  # stop it if they have not all left by then
 
 
 @dataclass
@@ -239,6 +260,10 @@ class Controller:
         Fragments of a task restarted from its checkpoint after a failure that is not the
         task's own (a crashed rank, a lost node, out of memory) before its future fails, as
         torchrun's ``--max-restarts``. An exception in the task's code fails it at once.
+    shrink_in_place
+        Shrink a running fragment in place where its placement allows (module docstring).
+        Only where every rank is an MPI job of its own (the executor's warm ranks): in one
+        ``mpiexec`` world, MPICH keeps a rank that left until all have.
     """
 
     def __init__(
@@ -251,10 +276,11 @@ class Controller:
         handover_timeout_s: float = 120.0,
         stop_grace_s: float = 45.0,
         max_restarts: int = 3,
+        shrink_in_place: bool = False,
     ) -> None:
         self.allocator = allocator or AllocatorSettings()
         self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
-        self.warm_rescale = warm_rescale
+        self.warm_rescale, self.shrink_in_place = warm_rescale, shrink_in_place
         self.walltime_notice_s = walltime_notice_s
         self.handover_timeout_s, self.stop_grace_s = handover_timeout_s, stop_grace_s
         self.max_restarts = max_restarts
@@ -334,8 +360,9 @@ class Controller:
         elif isinstance(event, Rescaled):
             task = self.elastic.get(event.task)
             if task is not None and event.seconds >= 0:
-                task.measured_rescale_s.append(event.seconds)
-                del task.measured_rescale_s[:-MEASURED_KEPT]
+                kept = task.measured_shrink_s if event.in_place else task.measured_rescale_s
+                kept.append(event.seconds)
+                del kept[:-MEASURED_KEPT]
         elif isinstance(event, FragmentReady):
             handover = self.handovers.pop((event.task, event.generation), None)
             if handover is not None:
@@ -382,7 +409,12 @@ class Controller:
             if now > handover.deadline or (task_id, successor) not in self.fragments:
                 del self.handovers[(task_id, successor)]
                 self._stop(task_id, handover.previous, handover.reason, now, out)
-        for fragment in self.fragments.values():
+        for fragment in list(self.fragments.values()):
+            late = fragment.shrink_deadline is not None and now > fragment.shrink_deadline
+            if late and fragment.leaving:
+                fragment.shrink_deadline = None  # not done in place: again at the new size
+                self.elastic[fragment.task].state = "stopping"
+                self._stop(fragment.task, fragment.generation, "shrink not done", now, out)
             if fragment.kill_at is not None and now > fragment.kill_at:
                 fragment.kill_at = None
                 out += [
@@ -411,8 +443,34 @@ class Controller:
                 fragment_key(task.id, task.generation, g): p
                 for g, (p, _) in enumerate(start.placement)
             },
+            placement=start.placement,
         )
         return start
+
+    def _shrink(self, task: ElasticTask, nodes: Sequence[Node], now: float) -> Command | None:
+        """An in-place shrink of ``task``'s running fragment to ``nodes``, if its placement
+        allows one: the nodes given back are whole launchers."""
+        fragment = self.fragments.get((task.id, task.generation))
+        if fragment is None or fragment.stop_reason is not None or fragment.leaving:
+            return None
+        kept = set(nodes)
+        keep, leave = [], []
+        for g, (pilot, hosts) in enumerate(fragment.placement):
+            held = [node_id(pilot, h) in kept for h in hosts]
+            if all(held):
+                keep.append(g)
+            elif any(held):
+                return None  # some of a launcher's ranks: it could not report their exit
+            else:
+                leave.append(g)
+        if not keep or not leave or len(kept) != sum(len(fragment.placement[g][1]) for g in keep):
+            return None
+        gone = {fragment_key(task.id, task.generation, g) for g in leave}
+        fragment.leaving = gone & set(fragment.running)
+        fragment.shrink_deadline = now + self.handover_timeout_s
+        task.releasing = tuple(n for n in task.nodes if n not in kept)
+        task.nodes = tuple(n for n in task.nodes if n in kept)
+        return ShrinkFragment(task.id, task.generation, tuple(keep))
 
     def _stop(
         self, task_id: str, generation: int, reason: str, now: float, out: list[Command]
@@ -444,7 +502,19 @@ class Controller:
         fragment = self.fragments.get((task_id, generation))
         if fragment is None or key not in fragment.running:
             return False  # a stale or repeated report
-        del fragment.running[key]
+        pilot = fragment.running.pop(key)
+        if key in fragment.leaving:
+            fragment.leaving.discard(key)
+            if code == 0 and not lost:  # its ranks left as asked: their nodes are free
+                task = self.elastic[task_id]
+                task.releasing = tuple(n for n in task.releasing if _split(n)[0] != pilot)
+                if not fragment.leaving:
+                    fragment.shrink_deadline = None
+                    out.append(
+                        Note("fragment_shrunk", _names(fragment) | {"nodes": len(task.nodes)})
+                    )
+                if fragment.running:
+                    return True
         fragment.result = result if result is not None else fragment.result
         fragment.lost |= lost
         fragment.code = fragment.code or code
@@ -542,7 +612,7 @@ class Controller:
             return
         if generation != task.generation:
             return
-        task.nodes = ()
+        task.nodes, task.releasing = (), ()
         task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
         if task.state == "queued" and (task.resolved or task.samples >= task.work):
             # A predecessor finished the work during a hand-over: nothing is left to train.
@@ -688,6 +758,7 @@ class Controller:
         for task in candidates:
             nodes, rates = task.curve(families.get(task.family))
             cost = task.rescale_cost()
+            down = task.shrink_cost() if self.shrink_in_place else cost
             # A task handing over keeps its size at this decision: plan around it as it is.
             lo, hi = (len(task.nodes),) * 2 if task.previous else (task.min_nodes, task.max_nodes)
             specs.append(
@@ -699,7 +770,7 @@ class Controller:
                     nodes=nodes,
                     throughput=rates,
                     rescale_up_s=cost,
-                    rescale_down_s=cost,
+                    rescale_down_s=down,
                     remaining_work=max(0.0, float(task.work - task.samples)),
                 )
             )
@@ -741,7 +812,13 @@ class Controller:
             if same or task.id in frozen or task.previous is not None:
                 continue
             added = set(step.nodes) - set(task.nodes)
-            if task.state == "running" and step.nodes and self.warm_rescale and added <= available:
+            running = task.state == "running"
+            if running and self.shrink_in_place and step.nodes and not added:
+                shrink = self._shrink(task, step.nodes, now)
+                if shrink is not None:
+                    out += [shrink, Note("fragment_shrink", _shrink_names(shrink))]
+                    continue
+            if running and step.nodes and self.warm_rescale and added <= available:
                 old = task.previous = (task.generation, task.nodes)
                 out.append(self._start(task, step.nodes, after=old[0]))
                 self.handovers[(task.id, task.generation)] = _Handover(
@@ -761,6 +838,10 @@ class Controller:
 
 def _names(fragment: Fragment) -> dict[str, Any]:
     return {"task": fragment.task, "generation": fragment.generation}
+
+
+def _shrink_names(shrink: ShrinkFragment) -> dict[str, Any]:
+    return {"task": shrink.task, "generation": shrink.generation, "keep": list(shrink.keep)}
 
 
 def _placement(nodes: Iterable[Node]) -> Placement:

@@ -54,6 +54,7 @@ from ..allocation import AllocatorSettings
 from ..providers.base import SettingError
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
+from ..training.shrink import ShrinkRequest
 from . import channel as wire
 from . import runner
 from .channel import PilotServer, write_secret
@@ -76,6 +77,7 @@ from .lifecycle import (
     Rescaled,
     Resolve,
     RunPlain,
+    ShrinkFragment,
     Signal,
     StartFragment,
     TaskDir,
@@ -164,6 +166,11 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         Start a rescaled fragment's successor while the fragment still trains, and stop the
         fragment once the successor has imported and built its model (when the nodes the
         successor adds are free). False: stop first, then start the new size.
+    shrink_in_place : bool
+        With ``warm_ranks``, shrink a fragment that gives back whole pilots in place: the
+        ranks that stay train on with the state in memory, the others leave
+        (:mod:`parsl_bf.training.shrink`), with no checkpoint written or read. A task's own
+        training loop takes it as a stop and starts again at the new size.
     heartbeat_timeout_s : float
         A pilot silent this long is considered gone.
     mpiexec : str
@@ -199,6 +206,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         rescale_s: float = 10.0,
         warm_rescale: bool = True,
         warm_ranks: bool = True,
+        shrink_in_place: bool = True,
         heartbeat_timeout_s: float = 15.0,
         mpiexec: str | None = None,
         mpi_hosts: bool = False,
@@ -222,6 +230,10 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.min_node_life_s = min_node_life_s
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
         self.warm_rescale, self.warm_ranks = warm_rescale, warm_ranks
+        self.shrink_in_place = shrink_in_place
+        # (task, generation) → each launcher's (first rank, ranks), as started
+        self._rank_ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._shrink_asked: dict[str, float] = {}  # task → when its shrink was requested
         self._warmed: set[str] = set()  # pilots asked for standby ranks
         self._training = False  # an elastic task was submitted: standbys are worth their cost
         self._held_until: float | None = None  # the error handler's hold last logged
@@ -238,6 +250,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             # Ranks blocked on a peer that died with its pilot: killed after this.
             stop_grace_s=max(30.0, 3 * heartbeat_timeout_s),
             max_restarts=max_restarts,
+            # Each rank its own MPI job: one that leaves exits at once.
+            shrink_in_place=shrink_in_place and warm_ranks,
         )
         # What arrived for the decision thread: (when, channel event or lifecycle event).
         self._inbox: queue.Queue[tuple[float, object]] = queue.Queue()
@@ -581,6 +595,10 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 )
             elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
                 out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
+            elif r["event"] == "shrunk":
+                asked = self._shrink_asked.pop(task_id, None)
+                if asked is not None and r.get("first_step_at"):
+                    out.append(Rescaled(task_id, r["first_step_at"] - asked, in_place=True))
             elif r["event"] == "start":
                 out.append(FragmentStarted(task_id, int(r.get("samples") or 0)))
                 if r.get("stopped_at") and r.get("first_step_at"):
@@ -606,6 +624,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     def _carry_out(self, command: Command) -> None:
         if isinstance(command, StartFragment):
             self._start_fragment(command)
+        elif isinstance(command, ShrinkFragment):
+            self._shrink_fragment(command)
         elif isinstance(command, RunPlain):
             self._run_plain(command)
         elif isinstance(command, Signal):
@@ -653,14 +673,19 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         groups = len(start.placement)
         per_node = {pilot: self._ranks_per_node(pilot) for pilot, _ in start.placement}
         ranks = sum(len(hosts) * per_node[pilot] for pilot, hosts in start.placement)
+        for gone in [k for k in self._rank_ranges if k not in self.controller.fragments]:
+            del self._rank_ranges[gone]
         first = 0
+        ranges = self._rank_ranges[(start.task, start.generation)] = []
         for g, (pilot, hosts) in enumerate(start.placement):
             per = per_node[pilot]
             count = len(hosts) * per
+            ranges.append((first, count))
             flags: dict[str, Any] = {
                 "checkpoint_every": self.checkpoint_every,
                 "report": d.progress,
                 "result": d.result(start.generation),
+                "shrink": d.shrink(start.generation),
             }
             if self.warm_ranks and ranks > 1:  # every rank its own group
                 flags["rendezvous"] = d.rendezvous(start.generation)
@@ -702,6 +727,15 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             pilots=[p for p, _ in start.placement],
             after=start.after,  # a warm successor of that generation
         )
+
+    def _shrink_fragment(self, shrink: ShrinkFragment) -> None:
+        """Write the request that the fragment's ranks take at their next step."""
+        ranges = self._rank_ranges[(shrink.task, shrink.generation)]
+        keep = [r for g in shrink.keep for r in range(ranges[g][0], sum(ranges[g]))]
+        of = sum(count for _, count in ranges)
+        path = self._submissions[shrink.task].directory.shrink(shrink.generation)
+        ShrinkRequest(tuple(keep), of).write(path)
+        self._shrink_asked[shrink.task] = time.time()
 
     def _ranks_per_node(self, pilot: str) -> int:
         """A fragment's ranks on each node of ``pilot``: one per GPU, one on CPU nodes."""

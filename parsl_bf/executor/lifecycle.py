@@ -33,6 +33,7 @@ __all__ = [
     "Tick",
     "Event",
     "StartFragment",
+    "ShrinkFragment",
     "RunPlain",
     "Signal",
     "Resolve",
@@ -130,10 +131,13 @@ class FragmentStarted:
 
 @dataclass(frozen=True)
 class Rescaled:
-    """A fragment took ``seconds`` from its predecessor's stop to its first step."""
+    """A fragment took ``seconds`` from its predecessor's stop to its first step; with
+    ``in_place``, a fragment shrunk in place from the request to its first step at the new
+    size."""
 
     task: str
     seconds: float
+    in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,17 @@ class StartFragment:
     @property
     def nodes(self) -> int:
         return sum(len(hosts) for _, hosts in self.placement)
+
+
+@dataclass(frozen=True)
+class ShrinkFragment:
+    """Shrink ``task``'s running fragment ``generation`` in place to its launchers ``keep``
+    (placement groups): write its shrink request (:mod:`parsl_bf.training.shrink`) naming
+    their ranks. The ranks of the other groups leave and their launchers exit 0."""
+
+    task: str
+    generation: int
+    keep: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -237,7 +252,7 @@ class Note:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Command = StartFragment | RunPlain | Signal | Resolve | Fail | MarkLost | Note
+Command = StartFragment | ShrinkFragment | RunPlain | Signal | Resolve | Fail | MarkLost | Note
 
 
 # --- process keys -----------------------------------------------------------------------------
@@ -271,8 +286,9 @@ class TaskDir:
 
     An elastic task keeps one ``progress.jsonl`` (every fragment appends) and one checkpoint
     directory (``checkpoints/`` here, or the executor's ``checkpoint_dir/<task key>``, with
-    ``outcome.json`` once it is done); each fragment has ``fragment<N>/`` with its ``result.json``,
-    its ``ready`` file (a warm successor), its ``rendezvous/`` (ranks of several pilots) and
+    ``outcome.json`` once it is done); each fragment has ``fragment<N>/`` with its
+    ``result.json``, its ``ready`` file (a warm successor), its ``shrink.json`` (an in-place
+    shrink request, until rank 0 takes it), its ``rendezvous/`` (ranks of several pilots) and
     each launcher's ``group<g>.stdout``/``.stderr``. A plain app has ``app.in`` (the packed
     call), ``app.out`` (its outcome) and its output streams; an elastic task whose factory is
     the app's own function has ``factory.in``.
@@ -312,6 +328,10 @@ class TaskDir:
 
     def rendezvous(self, generation: int) -> Path:
         return self.fragment(generation) / "rendezvous"
+
+    def shrink(self, generation: int) -> Path:
+        """Where the fragment's ranks look for an in-place shrink request."""
+        return self.fragment(generation) / "shrink.json"
 
     def stream(self, generation: int, group: int, name: str) -> Path:
         """A launcher's ``stdout`` or ``stderr``."""

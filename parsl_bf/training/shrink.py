@@ -7,12 +7,12 @@ file) and sends every rank SIGUSR2. The ranks agree on it at the end of a step
 (:class:`~parsl_bf.training.trainer.ElasticTrainer`), split off a communicator of the kept
 ranks, and these take the next step at the new size; the others exit 0 with ``status``
 ``"left"``. Exact sample accounting and the checkpoints are unchanged: the next global step is
-the same whatever the world size.
+the same whatever the world size. The lowest rank kept is rank 0 from then on: it writes the
+reports, the checkpoints and the result (rank 0's evaluation history is sent to it first).
 
-Rank 0 writes the reports and the checkpoints, so it always stays: a request that would drop it
-(or keeps no rank, or names a rank that does not exist) is carried out as a stop, after which
-the executor starts the new size from the checkpoint, as for any rescale. No torch here: the
-executor imports this module.
+A request that keeps no rank, names a rank that does not exist, or cannot be read is carried
+out as a stop, after which the executor starts the new size from the checkpoint, as for any
+rescale. No torch here: the executor imports this module.
 """
 
 from __future__ import annotations
@@ -62,6 +62,6 @@ class ShrinkRequest:
         if self.of is not None and self.of != world:
             return None
         keep = sorted(set(self.keep))
-        if not keep or keep[0] != 0 or keep[-1] >= world:
+        if not keep or keep[0] < 0 or keep[-1] >= world:
             return []
         return keep if len(keep) < world else None  # all kept: nothing to do

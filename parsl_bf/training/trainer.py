@@ -265,9 +265,9 @@ class ElasticTrainer:
     the :class:`~parsl_bf.training.shrink.ShrinkRequest` rank 0 reads (``read`` True there)
     decides. The ranks it keeps split off a
     communicator of their own and train on with the model, optimizer and data position in
-    memory, from the next step at the new size; the others return ``status`` ``"left"``. A
-    request that cannot be done in place is a stop; one made for another world size (late,
-    or repeated) is dropped.
+    memory, from the next step at the new size (the lowest of them is rank 0 from then on);
+    the others return ``status`` ``"left"``. A request that cannot be done in place is a
+    stop; one made for another world size (late, or repeated) is dropped.
     """
 
     def __init__(
@@ -510,8 +510,10 @@ class ElasticTrainer:
                     break
             if status != "done" or not keep:
                 break
-            # Shrink in place: the kept ranks go on with everything in memory.
+            # Shrink in place: the kept ranks go on with everything in memory. Only rank 0
+            # evaluates: its history goes to the rank that is rank 0 next.
             batches.close()  # its loader's workers, if any, end with it
+            history[:] = comm.bcast(history if rank == 0 else None, root=0)
             new = comm.Split(0 if rank in keep else MPI.UNDEFINED, key=rank)
             if new == MPI.COMM_NULL:
                 status = "left"

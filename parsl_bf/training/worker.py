@@ -7,11 +7,12 @@ SIGTERM or SIGUSR1 (preemption, or a rescale decided by the executor) makes ever
 its step, checkpoint and exit 0 with ``"status": "stopped"`` in the result file; starting the
 same command again, at any world size, continues from the checkpoint. A request written to the
 ``--shrink`` file (:mod:`.shrink`) shrinks the fragment in place: the ranks it keeps train on
-in memory at the new size and the others exit 0 at once (no result file: the fragment's is
-rank 0's, which stays); a task's own training loop takes it as a stop. A rescale is fastest as a
-warm start: launch the new size with ``--after OLD_RESULT`` (at the decision, or earlier as a
-standby that reports ``--ready``), then signal the old ranks; the new ranks import torch and
-build the model before the old ones stop, and take over from their checkpoint.
+in memory at the new size and the others exit 0 at once (the lowest rank kept is rank 0 from
+then on, and writes the result file); a task's own training loop takes it as a stop. A rescale
+is fastest as a warm start: launch the new size with ``--after OLD_RESULT`` (at the decision,
+or earlier as a standby that reports ``--ready``), then signal the old ranks; the new ranks
+import torch and build the model before the old ones stop, and take over from their
+checkpoint.
 Ranks of several launchers form one fragment with ``--rendezvous DIR --group g --groups G``.
 Exit codes: 0 done or stopped, 2 bad input (message on stderr). A rank ends without the
 interpreter's teardown (:func:`exit_now`): its files are written by then, and tearing torch
@@ -53,7 +54,7 @@ from .trainer import (
     node_position,
 )
 
-__all__ = ["exit_now", "main", "load_task", "run"]
+__all__ = ["exit_now", "infrastructure_failure", "main", "load_task", "run"]
 
 
 def load_task(spec: str, options: dict) -> Any:
@@ -268,7 +269,9 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     shrink_asked = (lambda: False) if args.shrink_at is not None else shrink.asked
     comm = join(args.rendezvous, args.group, args.groups) if args.groups > 1 else MPI.COMM_WORLD
     _share_cores(comm)
-    reports = ReportSink(args.report if comm.rank == 0 else None)
+    # Every rank may write reports: whichever is rank 0 does (after a shrink in place that
+    # let the first rank go, another one is).
+    reports = ReportSink(args.report)
 
     # A warm successor listens for the previous run's state before it says it is ready.
     peer = args.after is not None and handover.use_peer(args.handover, args.checkpoint_dir)
@@ -323,6 +326,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
             )
             try:
                 outcome = trainer.run()
+                comm = trainer.comm  # smaller, after a shrink in place
             except StoppedInStandby:
                 outcome = TrainOutcome("stopped", 0, 0, comm.size, None, None)
     except (TrainingInputError, CheckpointError, json.JSONDecodeError) as exc:
@@ -334,11 +338,11 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     except BaseException as exc:
         # Anything else may have hit one rank only; the others would wait in a collective
         # for ever. Abort the whole fragment. An exception of the task's own code is its
-        # failure (the result says so, with the traceback); out of memory is the node's, and
-        # like a crash it resumes from the last checkpoint.
+        # failure (the result says so, with the traceback); out of memory or an MPI error (a
+        # peer that died) is the node's, and like a crash it resumes from the last checkpoint.
         traceback.print_exc()
         sys.stderr.flush()
-        if isinstance(exc, Exception) and not _out_of_memory(exc):
+        if isinstance(exc, Exception) and not infrastructure_failure(exc):
             _error_result(args.result, traceback.format_exc())
         MPI.COMM_WORLD.Abort(1)
         raise
@@ -366,9 +370,15 @@ def _error_result(path: str | None, error: str) -> None:
             write_result(Path(path), {"status": "error", "samples": 0, "error": error})
 
 
-def _out_of_memory(exc: BaseException) -> bool:
+def infrastructure_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the node's or the network's, not the task's code's: out of memory,
+    or an MPI error (a peer rank died mid-collective, and MPICH told this rank before
+    ``mpiexec`` killed it). Such a fragment resumes from its last checkpoint like a crash;
+    anything else is the task's own failure."""
     cuda_oom = getattr(getattr(sys.modules.get("torch"), "cuda", None), "OutOfMemoryError", None)
-    return isinstance(exc, MemoryError) or (cuda_oom is not None and isinstance(exc, cuda_oom))
+    if isinstance(exc, MemoryError | MPI.Exception):
+        return True
+    return cuda_oom is not None and isinstance(exc, cuda_oom)
 
 
 #: Buffered writers a rank may hold open (the user's own files): flushed by :func:`exit_now`.

@@ -171,6 +171,74 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         assert best - (r["samples"] - BATCH) < BATCH
 
 
+def test_a_task_that_gives_back_a_pilot_shrinks_in_place(tmp_path: Path, monkeypatch):
+    """Task a trains on one pilot, then grows onto a second, where it measures that it does not
+    scale (each step waits a fixed time, whatever the world size). So when task b (the same
+    training code: it borrows a's rates) comes, a gives the second node back in place: its
+    rank there leaves, the rank on its first pilot trains on in the same process, b starts on
+    the node given back, and both train every sample."""
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    provider = LocalBackfillProvider(
+        nodes=2,
+        time_scale=1,
+        idle_s=3600,
+        busy_s=1,
+        known_holes=False,
+        max_nodes=1,
+        min_walltime="00:00:05",
+        max_walltime="00:30:00",
+        grace_s=5,
+        max_blocks=1,  # the second pilot once a's rate on one node is measured (below)
+    )
+    executor = BackfillExecutor(
+        label="bf",
+        provider=provider,
+        # A short look-ahead: over 600 s either task would finish on one node, and the
+        # allocator caps a task's gain at its remaining work.
+        allocator={"tfwd": 10},
+        checkpoint_every=CHECKPOINT_EVERY,
+        rescale_s=2,
+        heartbeat_timeout_s=10,
+    )
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    # At most 64 samples / 0.05 s = 1,280 samples/s at any size, however fast the machine:
+    # a's 80,000 samples (a minute at least) outlast its grow and the shrink, and b's 20,000
+    # are worth more than a's second node.
+    options = {"lr": 0.05, "width": 8, "global_batch": BATCH, "per_sample_s": 0.0}
+    code = "tests.training_tasks:paced_digits"
+    train_a = elastic_app(code, work=80_000, max_nodes=2)
+    train_b = elastic_app(code, work=20_000, max_nodes=2)
+    with parsl.load(config):
+        first = train_a(per_step_s=0.05, **options)
+        until(lambda: executor.controller.elastic, 60, "a was never submitted")
+        a = next(iter(executor.controller.elastic.values()))
+        until(lambda: 1 in a.measured, 300, "a never trained on one node")
+        provider.max_blocks = 2
+        until(lambda: len(a.nodes) == 2 and a.previous is None and 2 in a.measured,
+              300, "a never trained on two nodes")  # fmt: skip
+        second = train_b(per_step_s=0.05, **options)
+        outcomes = [first.result(timeout=600), second.result(timeout=600)]
+    assert [o["samples"] for o in outcomes] == [80_000, 20_000]
+    assert all(o["status"] == "done" and o["restarts"] == 0 for o in outcomes)
+    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+    kinds = [(e["event"], e.get("task")) for e in events]
+    shrink = kinds.index(("fragment_shrink", a.id))
+    shrunk = kinds.index(("fragment_shrunk", a.id))
+    b_start = next(i for i, e in enumerate(events) if e["event"] == "fragment_start"
+                   and e["task"] != a.id)  # fmt: skip
+    assert shrink < shrunk < b_start  # b took the node once a's rank there had left
+    # a's fragment of that moment trained on: no start of a from the shrink to its end.
+    assert ("fragment_start", a.id) not in kinds[shrink:]
+    reports = read_reports(TaskDir.of(executor.directory, a.id).progress)
+    (report,) = [r for r in reports if r["event"] == "shrunk"]
+    assert report["world"] == 1 and report["previous_world"] == 2
+
+
 @pytest.mark.parametrize("warm_ranks", [True, False])
 def test_a_node_with_two_gpus_runs_two_ranks(tmp_path: Path, monkeypatch, warm_ranks: bool):
     import parsl

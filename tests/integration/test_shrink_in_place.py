@@ -90,17 +90,23 @@ def test_a_request_shrinks_a_running_fragment_and_the_leaver_exits(tmp_path: Pat
     assert [r["event"] for r in _reports(tmp_path)].count("shrunk") == 1
 
 
-def test_a_shrink_that_drops_rank_0_is_a_stop_and_the_run_resumes(tmp_path: Path) -> None:
+def test_rank_0_may_leave_and_the_lowest_kept_rank_carries_on(tmp_path: Path) -> None:
+    """3 ranks, rank 0 evaluating every 500 samples; at 640 samples ranks 1 and 2 stay: rank 1
+    is rank 0 from then on, writes the reports, the checkpoints and the result, and keeps the
+    evaluations made before."""
     request = tmp_path / "shrink.json"
-    ShrinkRequest((1,), of=2).write(request)
-    done = run(2, tmp_path, 2500, shrink=request, shrink_at=640)
+    tmp_path.mkdir(exist_ok=True)
+    ShrinkRequest((1, 2), of=3).write(request)
+    task = "tests.training_tasks:evaluated_digits"
+    done = run(3, tmp_path, 2500, task=task, shrink=request, shrink_at=640)
     assert done.returncode == 0, done.stderr
-    stopped = result(tmp_path)
-    assert stopped["status"] == "stopped" and stopped["samples"] == 640  # at that step
-    assert load_latest(tmp_path / "ckpt")["samples"] == stopped["samples"]
-    again = run(1, tmp_path, 2500)
-    assert again.returncode == 0, again.stderr
-    assert result(tmp_path)["samples"] == 2500
+    out = result(tmp_path)
+    assert out["status"] == "done" and out["world"] == 2 and out["samples"] == 2500
+    events = [(r["event"], r.get("world")) for r in _reports(tmp_path)]
+    assert ("shrunk", 2) in events and events[-1] == ("done", 2)
+    assert [e for e, _ in events].count("start") == 1
+    assert [h["samples"] for h in out["metrics_history"]][:1] == [512]  # made by the old rank 0
+    assert load_latest(tmp_path / "ckpt")["samples"] == 2500
 
 
 def until(pred, timeout: float = 120) -> None:

@@ -21,6 +21,7 @@ from parsl_bf.executor.lifecycle import (
     Progress,
     Resolve,
     RunPlain,
+    ShrinkFragment,
     Signal,
     StartFragment,
     TaskSubmitted,
@@ -392,7 +393,7 @@ events = st.lists(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(events, st.integers(1, 3))
+@given(events, st.integers(1, 3), st.booleans())
 # Found by the earlier form of this test: a task started on a node another was giving back.
 @example(
     [
@@ -404,6 +405,7 @@ events = st.lists(
         ("elastic", 2, 1),
     ],
     1,
+    False,
 )
 # Found by this test: a predecessor that finished the work during a hand-over resolved the
 # task, and its stopped successor then queued it to train again.
@@ -411,23 +413,41 @@ events = st.lists(
     [("up", 1, None), ("up", 1, None), ("elastic", 1, 3), ("up", 1, None), ("gone", 0)]
     + [("exit", 0, "done")],
     1,
+    False,
 )
 # Found by this test: a TERM to a pilot the same batch reported gone, or to a process the
 # same batch reported exited.
-@example([("up", 1, None), ("elastic", 1, 1), ("leave", 0), ("gone", 0)], 2)
+@example([("up", 1, None), ("elastic", 1, 1), ("leave", 0), ("gone", 0)], 2, False)
 @example(
-    [("up", 1, 20.0), ("up", 1, None), ("elastic", 1, 1), ("leave", 1), ("exit", 0, "stopped")], 3
+    [("up", 1, 20.0), ("up", 1, None), ("elastic", 1, 1), ("leave", 1), ("exit", 0, "stopped")],
+    3,
+    False,
 )
-def test_lifecycle_invariants(seq, batch_size) -> None:
-    """Whatever happens, in batches of any size: no node runs two tasks (but a fragment and
-    its warm successor), starts are within bounds and on pilots not leaving, every signal
-    goes to a live process, each future is set at most once, and a task whose future is set
-    never starts again."""
-    c = _controller(time_limit=5, min_node_life_s=30)
+# In-place shrinks: a poorly scaling task on two pilots gives one back to a newcomer; its
+# ranks there leave (or the shrink is not done in time).
+@example(
+    [("up", 1, None), ("up", 1, 500.0), ("elastic", 1, 2), ("elastic", 1, 1)]
+    + [("exit", 1, None), ("tick", 1), ("exit", 0, "done")],
+    1,
+    True,
+)
+@example(
+    [("up", 1, None), ("up", 1, 500.0), ("elastic", 1, 2), ("elastic", 1, 1), ("tick", 150)],
+    1,
+    True,
+)
+def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
+    """Whatever happens, in batches of any size, with shrinks in place or not: no node runs
+    two tasks (but a fragment and its warm successor), starts are within bounds and on
+    pilots not leaving, every signal goes to a live process, each future is set at most
+    once, and a task whose future is set never starts again."""
+    c = _controller(time_limit=5, min_node_life_s=30, shrink_in_place=in_place)
     now, n = NOW, 0
     pilots: list[str] = []
     owner: dict[str, set[tuple[str, int]]] = {}  # node → (task, generation) running there
     live: dict[str, str] = {}  # process key → pilot, from the commands alone
+    hosts: dict[str, list[str]] = {}  # a fragment's process key → the nodes of its ranks
+    leaving: set[str] = set()  # process keys an in-place shrink lets go
     settled: set[str] = set()
 
     def apply(commands) -> None:
@@ -441,8 +461,17 @@ def test_lifecycle_invariants(seq, batch_size) -> None:
                     assert there <= {(cmd.task, cmd.after)}, f"{node}: {cmd.task} and {there}"
                     assert not c.pilots[node.split("/")[0]].leaving
                     owner.setdefault(node, set()).add((cmd.task, cmd.generation))
-                for g, (pilot, _) in enumerate(cmd.placement):
+                for g, (pilot, names) in enumerate(cmd.placement):
                     live[fragment_key(cmd.task, cmd.generation, g)] = pilot
+                    hosts[fragment_key(cmd.task, cmd.generation, g)] = [
+                        f"{pilot}/{h}" for h in names
+                    ]
+            elif isinstance(cmd, ShrinkFragment):
+                assert 0 in cmd.keep
+                groups = {k for k in live if k.split("#")[:2] == [cmd.task, str(cmd.generation)]}
+                leaving.update(
+                    k for k in groups if int(k.split("#")[2]) not in cmd.keep
+                )  # fmt: skip
             elif isinstance(cmd, RunPlain):
                 node = f"{cmd.pilot}/{cmd.host}"
                 assert not owner.get(node)
@@ -458,6 +487,10 @@ def test_lifecycle_invariants(seq, batch_size) -> None:
         live.pop(key, None)
         parts = key.split("#")
         who = (parts[1], 0) if parts[0] == "plain" else (parts[0], int(parts[1]))
+        if key in leaving:  # its ranks left a fragment shrunk in place: their nodes are free
+            leaving.discard(key)
+            for node in hosts.get(key, []):
+                owner.get(node, set()).discard(who)
         if not any(k for k in live if k.split("#")[:2] == key.split("#")[:2]):
             for node, there in list(owner.items()):
                 there.discard(who)
@@ -483,7 +516,10 @@ def test_lifecycle_invariants(seq, batch_size) -> None:
                 batch.append(PilotGone(pid, "bye"))
         elif kind == "elastic":
             n += 1
-            batch.append(TaskSubmitted(_task(f"e{n}", ev[1], ev[1] + ev[2] - 1)))
+            task = _task(f"e{n}", ev[1], ev[1] + ev[2] - 1)
+            if n % 2:  # every other task scales poorly: newcomers make the others shrink
+                task.scaling = {k: 100.0 * k**0.3 for k in range(1, task.max_nodes + 1)}
+            batch.append(TaskSubmitted(task))
         elif kind == "plain":
             n += 1
             batch.append(TaskSubmitted(PlainTask(f"x{n}")))
@@ -558,3 +594,82 @@ def test_the_allocator_is_told_whether_a_task_waits_for_a_slot() -> None:
     )
     assert after.task == "b"
     assert [t.id for t in _PROBLEMS[-1].tasks] == ["b"] and not _PROBLEMS[-1].tasks_waiting
+
+
+# --- in-place shrinks -------------------------------------------------------------------------
+
+
+def _two_pilots(first_ends: float | None = None, second_ends: float | None = NOW + 1000):
+    """Task a (poor scaling: P(2) = 1.1 P(1)) on one node of each of two pilots."""
+    c = _controller(shrink_in_place=True)
+    a = ElasticTask("a", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    a.scaling = {1: 100.0, 2: 110.0}
+    ups = [_up("p1", "n1", ends_at=first_ends), _up("p2", "n2", ends_at=second_ends)]
+    (start,) = _of(StartFragment, c.handle([TaskSubmitted(a), *ups], NOW))
+    return c, start
+
+
+def _b() -> ElasticTask:
+    b = ElasticTask("b", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    b.scaling = {1: 100.0, 2: 110.0}
+    return b
+
+
+def test_a_shrink_that_gives_back_a_whole_pilot_is_done_in_place() -> None:
+    c, start = _two_pilots()
+    assert [p for p, _ in start.placement] == ["p1", "p2"]  # rank 0 on p1, the longer-lived
+    out = c.handle([TaskSubmitted(_b())], NOW + 1)
+    (shrink,) = _of(ShrinkFragment, out)
+    assert (shrink.task, shrink.generation, shrink.keep) == ("a", 1, (0,))
+    assert not _terms(out) and not _of(StartFragment, out)  # b waits for p2's node
+    assert c.elastic["a"].nodes == ("p1/n1",) and c.elastic["a"].releasing == ("p2/n2",)
+    assert "fragment_shrink" in _notes(out)
+    # The rank on p2 leaves: its node is free, b starts there, a runs on untouched.
+    out = c.handle([ProcessExited("p2", fragment_key("a", 1, 1), 0, None)], NOW + 2)
+    (b,) = _of(StartFragment, out)
+    assert b.task == "b" and _nodes(b) == ["p2/n2"]
+    assert "fragment_shrunk" in _notes(out) and not _terms(out)
+    assert c.elastic["a"].state == "running" and c.elastic["a"].releasing == ()
+    out = c.handle(
+        [ProcessExited("p1", fragment_key("a", 1, 0), 0, {"status": "done", "samples": 10**9})],
+        NOW + 3,
+    )
+    assert [r.task for r in _of(Resolve, out)] == ["a"]
+
+
+def test_a_shrink_the_fragment_turns_into_a_stop_restarts_at_the_new_size() -> None:
+    # A task's own training loop takes the request as a stop: every launcher exits stopped.
+    c, start = _two_pilots()
+    c.handle([TaskSubmitted(_b())], NOW + 1)
+    stopped = {"status": "stopped", "samples": 700}
+    out = c.handle(_exits(start, stopped), NOW + 2)
+    starts = {s.task: _nodes(s) for s in _of(StartFragment, out)}
+    assert starts == {"a": ["p1/n1"], "b": ["p2/n2"]} and c.elastic["a"].samples == 700
+
+
+def test_a_shrink_not_done_in_time_stops_the_fragment() -> None:
+    c, start = _two_pilots()
+    c.handle([TaskSubmitted(_b())], NOW + 1)
+    assert not _terms(c.handle([Tick()], NOW + 2))
+    out = c.handle([Tick()], NOW + 1 + c.handover_timeout_s + 1)
+    assert _terms(out) == {("p1", fragment_key("a", 1, 0)), ("p2", fragment_key("a", 1, 1))}
+    assert c.elastic["a"].state == "stopping"
+
+
+def test_a_shrink_within_one_launcher_is_not_done_in_place() -> None:
+    # Both nodes on one pilot: one launcher, which could not report its leaving rank's exit.
+    c = _controller(shrink_in_place=True)
+    a = ElasticTask("a", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    a.scaling = {1: 100.0, 2: 110.0}
+    c.handle([TaskSubmitted(a), _up("p1", "n1", "n2")], NOW)
+    out = c.handle([TaskSubmitted(_b())], NOW + 1)
+    assert not _of(ShrinkFragment, out)
+    assert [s.after for s in _of(StartFragment, out) if s.task == "a"] == [1]  # a hand-over
+
+
+def test_a_shrink_may_give_back_rank_0s_pilot() -> None:
+    c, start = _two_pilots()
+    assert [p for p, _ in start.placement] == ["p1", "p2"]
+    shrink = c._shrink(c.elastic["a"], ["p2/n2"], NOW + 1)
+    assert shrink is not None and shrink.keep == (1,)
+    assert c.elastic["a"].nodes == ("p2/n2",) and c.elastic["a"].releasing == ("p1/n1",)

@@ -120,6 +120,16 @@ def test_a_warm_hand_over_holds_the_larger_fragment_until_the_other_stops() -> N
     assert (f.waited_s, f.handover_s) == ([1.5], [1.5])
 
 
+def test_a_fragment_shrunk_in_place_holds_fewer_nodes_once_its_leavers_are_gone() -> None:
+    events = [
+        {"t": 0, "event": "fragment_start", "task": "s", "generation": 0, "nodes": 3},
+        {"t": 40, "event": "fragment_shrunk", "task": "s", "generation": 0, "nodes": 1},
+        {"t": 90, "event": "fragment_stopped", "task": "s", "generation": 0, "samples": 9},
+    ]
+    f = run_figures(events, {}, 0.0, 100.0, BATCH)
+    assert f.alloc_node_s == 3 * 40 + 1 * 50
+
+
 def test_a_restart_or_a_cold_start_ends_the_fragments_before_it() -> None:
     events = [
         # r's first fragment crashes at 5 and is restarted from its checkpoint at 6.

@@ -15,8 +15,9 @@ from parsl_bf.training.shrink import ShrinkRequest
         ('{"keep": [0, 2], "of": 3}', 3, [0, 2]),
         ('{"keep": [0, 1], "of": 3}', 2, None),  # made for another size: dropped
         ('{"keep": [0, 1], "of": 2}', 2, None),  # keeps every rank: nothing to do
-        ('{"keep": [1], "of": 2}', 2, []),  # rank 0 would leave: a stop
-        ('{"keep": [0, 5], "of": 3}', 3, []),
+        ('{"keep": [1], "of": 2}', 2, [1]),  # rank 1 is rank 0 next
+        ('{"keep": [0, 5], "of": 3}', 3, []),  # no such rank: a stop
+        ('{"keep": [-1], "of": 3}', 3, []),
         ('{"keep": [], "of": 3}', 3, []),
         ('{"keep": ["0"], "of": 3}', 3, []),  # not a request: a stop
         ("not json", 3, []),

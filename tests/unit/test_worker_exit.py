@@ -51,3 +51,17 @@ def test_a_usage_error_still_exits_2_with_its_message(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "usage:" in proc.stderr and "--work" in proc.stderr
+
+
+def test_a_dead_peer_or_no_memory_is_not_the_tasks_failure() -> None:
+    # A rank whose peer was SIGKILLed may hear of it from MPICH (an MPI error raised in the
+    # step's Allreduce) before mpiexec kills it: that fragment resumes from its checkpoint,
+    # it must not report the task's own error (which fails the task at once).
+    from mpi4py import MPI
+
+    from parsl_bf.training.worker import infrastructure_failure
+
+    assert infrastructure_failure(MPI.Exception(MPI.ERR_OTHER))
+    assert infrastructure_failure(MemoryError())
+    assert not infrastructure_failure(ValueError("the task's own bug"))
+    assert not infrastructure_failure(ZeroDivisionError())
