@@ -231,8 +231,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
         self.warm_rescale, self.warm_ranks = warm_rescale, warm_ranks
         self.shrink_in_place = shrink_in_place
-        # (task, generation) → each launcher's (first rank, ranks), as started
-        self._rank_ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        # (task, generation) → its live launchers' (first rank, ranks), by placement group,
+        # numbered as the fragment's ranks are now (an in-place shrink renumbers them)
+        self._rank_ranges: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
         self._shrink_asked: dict[str, float] = {}  # task → when its shrink was requested
         self._warmed: set[str] = set()  # pilots asked for standby ranks
         self._training = False  # an elastic task was submitted: standbys are worth their cost
@@ -676,11 +677,11 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         for gone in [k for k in self._rank_ranges if k not in self.controller.fragments]:
             del self._rank_ranges[gone]
         first = 0
-        ranges = self._rank_ranges[(start.task, start.generation)] = []
+        ranges = self._rank_ranges[(start.task, start.generation)] = {}
         for g, (pilot, hosts) in enumerate(start.placement):
             per = per_node[pilot]
             count = len(hosts) * per
-            ranges.append((first, count))
+            ranges[g] = (first, count)
             flags: dict[str, Any] = {
                 "checkpoint_every": self.checkpoint_every,
                 "report": d.progress,
@@ -730,11 +731,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
 
     def _shrink_fragment(self, shrink: ShrinkFragment) -> None:
         """Write the request that the fragment's ranks take at their next step."""
-        ranges = self._rank_ranges[(shrink.task, shrink.generation)]
-        keep = [r for g in shrink.keep for r in range(ranges[g][0], sum(ranges[g]))]
-        of = sum(count for _, count in ranges)
-        path = self._submissions[shrink.task].directory.shrink(shrink.generation)
-        ShrinkRequest(tuple(keep), of).write(path)
+        key = (shrink.task, shrink.generation)
+        request, self._rank_ranges[key] = shrink_request(self._rank_ranges[key], shrink.keep)
+        request.write(self._submissions[shrink.task].directory.shrink(shrink.generation))
         self._shrink_asked[shrink.task] = time.time()
 
     def _ranks_per_node(self, pilot: str) -> int:
@@ -875,6 +874,21 @@ def _factory_file(directory: TaskDir, func, args, kwargs) -> str:
     """The app's own function is the TrainingTask factory: the ranks call it."""
     directory.factory.write_bytes(pack_apply_message(func, args, kwargs))
     return f"@{directory.factory}"
+
+
+def shrink_request(
+    ranges: dict[int, tuple[int, int]], keep: tuple[int, ...]
+) -> tuple[ShrinkRequest, dict[int, tuple[int, int]]]:
+    """The request that keeps the launchers ``keep`` of a fragment whose live launchers hold
+    ``ranges`` (group → (first rank, ranks), as the ranks are numbered now), and the ranges
+    after it: the kept ranks keep their order and are numbered from 0 (``Comm.Split``)."""
+    ranks = [r for g in sorted(keep) for r in range(ranges[g][0], sum(ranges[g]))]
+    of = sum(count for _, count in ranges.values())
+    after, first = {}, 0
+    for g in sorted(keep):
+        after[g] = (first, ranges[g][1])
+        first += ranges[g][1]
+    return ShrinkRequest(tuple(ranks), of), after
 
 
 def _pythonpath() -> str:
