@@ -5,7 +5,7 @@ At the decision the old ranks get SIGUSR1: they finish their step, rank 0 writes
 and the result file, they exit. The new size runs with ``--after`` that result file: it imports
 torch and builds the model and optimizer, waits for the file, loads the checkpoint and steps.
 Modes (``--mode``, a comma-separated list; by default all four, in one run, ``ranks`` first:
-the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_in_place_s``
+the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_handover_s``
 and ``step_s`` are the first mode's):
 
 - ``standby``: one ``mpiexec -n N`` of the new size started before the decision, waiting until
@@ -14,16 +14,17 @@ and ``step_s`` are the first mode's):
   ~2.4 CPU-s per rank here) is inside the interval;
 - ``ranks``: warm ranks (:mod:`parsl_bf.executor.ranks`): a ``RankPool`` whose standbys are
   ready before the decision (a pilot that has been up a while), each rank of a launch its own
-  standby and rendezvous group, as the executor launches them. Four cases: ``start`` (a fragment
-  from zero nodes, no checkpoint), ``restart`` (after a preemption: the old fragment got
-  SIGTERM, checkpointed and exited; the decision is the relaunch at the same size), ``shrink``
-  and ``grow`` (the executor's warm hand-over: at the decision the new size is launched with
-  ``--after``/``--ready``, and the old one gets SIGUSR1 once the new one is ready). Besides the
-  decision → first step it reports the step time at the new size (from the ``step`` reports)
-  and the overhead, the difference, against the target of 0.5 s. A fifth case,
-  ``shrink_in_place``, shrinks the grown fragment again without a hand-over
-  (:mod:`parsl_bf.training.shrink`): the decision writes the request, the kept ranks take
-  their next step at the new size in the same processes and the others leave;
+  standby and rendezvous group, as the executor launches them. Five cases, as the executor
+  does each: ``start`` (a fragment from zero nodes, no checkpoint), ``restart`` (after a
+  preemption: the old fragment got SIGTERM, checkpointed and exited; the decision is the
+  relaunch at the same size), ``shrink_handover`` and ``grow`` (the warm hand-over: at the
+  decision the new size is launched with ``--after``/``--ready``, and the old one gets SIGUSR1
+  once the new one is ready), and ``shrink`` (in place, :mod:`parsl_bf.training.shrink`, what
+  the executor does when the nodes given back are whole pilots, as here with a rank per node:
+  the decision writes the request, the kept ranks take their next step at the new size in the
+  same processes and the others leave). Besides the decision → first step it reports the step
+  time at the new size (from the ``step`` reports) and the overhead, the difference, against
+  the target of 0.5 s;
 - ``ranks-cold``: the same four cases with no pool: each rank a cold ``mpiexec -n 1`` started
   at the decision (what a launch gets when no standby is ready), the baseline of ``ranks``.
 
@@ -63,7 +64,7 @@ GLOBAL_BATCH = 16  # samples per step at every world size
 OPTIONS = {"samples": 128, "image": 64, "global_batch": GLOBAL_BATCH}
 HANDOVER_MODES = ("standby", "cold")
 RANKS_MODES = ("ranks", "ranks-cold")
-CASES = ("start", "restart", "shrink", "grow", "shrink_in_place")
+CASES = ("start", "restart", "shrink_handover", "grow", "shrink")
 TARGET_OVERHEAD_S = 0.5  # the issue's target: decision → first step ≤ 0.5 s + one step
 #: An overhead below -NOISE (or -10 % of a step) cannot be: the first step is a step.
 NOISE_S = 0.05
@@ -344,7 +345,7 @@ def measure_in_place(frag: Fragment, decided: float, old_size: int) -> dict:
     steps = (step["samples"] - shrunk["samples"]) / GLOBAL_BATCH
     first = shrunk["first_step_at"] - decided
     step_s = (step["t"] - shrunk["first_step_at"]) / steps
-    out = {"case": "shrink_in_place", "from": old_size, "to": shrunk["world"]}
+    out = {"case": "shrink", "from": old_size, "to": shrunk["world"]}
     out |= {"decision_to_first_step_s": first, "step_s": step_s, "overhead_s": first - step_s}
     out |= dict.fromkeys(("ready_s", "old_stopped_s", "old_saved_s", "loaded_s", "pause_s"))
     why = []
@@ -366,8 +367,8 @@ def ranks_cycle(
     env: dict[str, str],
     emit: Callable[[dict], None],
 ) -> None:
-    """start (big, from nothing) → preempted, restart (big) → shrink (small) → grow (big) →
-    shrink in place (small); ``emit`` each case's figures."""
+    """start (big, from nothing) → preempted, restart (big) → shrink by hand-over (small) →
+    grow (big) → shrink in place (small); ``emit`` each case's figures."""
     live: list[Fragment] = []
     try:
         # 1. From zero nodes: no checkpoint.
@@ -390,7 +391,7 @@ def ranks_cycle(
 
         # 3, 4. The executor's warm hand-over: launch the new size with --after/--ready, stop
         # the old one once the new one is ready.
-        for case, size in (("shrink", small), ("grow", big)):
+        for case, size in (("shrink_handover", small), ("grow", big)):
             pool_ready(pool)
             old, frag = frag, Fragment(tmp, frag.gen + 1, size, pool, env, frag)
             decided = time.time()
