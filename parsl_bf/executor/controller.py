@@ -759,8 +759,10 @@ class Controller:
             nodes, rates = task.curve(families.get(task.family))
             cost = task.rescale_cost()
             down = task.shrink_cost() if self.shrink_in_place else cost
-            # A task handing over keeps its size at this decision: plan around it as it is.
-            lo, hi = (len(task.nodes),) * 2 if task.previous else (task.min_nodes, task.max_nodes)
+            # A task handing over, or shrinking in place, keeps its size at this decision: plan
+            # around it as it is.
+            busy = task.previous or task.releasing
+            lo, hi = (len(task.nodes),) * 2 if busy else (task.min_nodes, task.max_nodes)
             specs.append(
                 TaskSpec(
                     id=task.id,
@@ -809,7 +811,7 @@ class Controller:
             step = node_plan.tasks[task.id]
             # Same nodes in another order (plan sorts them by remaining life) is no rescale.
             same = set(step.nodes) == set(task.nodes)
-            if same or task.id in frozen or task.previous is not None:
+            if same or task.id in frozen or task.previous is not None or task.releasing:
                 continue
             added = set(step.nodes) - set(task.nodes)
             running = task.state == "running"

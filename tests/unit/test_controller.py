@@ -436,6 +436,15 @@ events = st.lists(
     1,
     True,
 )
+# Found by this test: a task grew (a hand-over) while its in-place shrink was under way, and
+# the end of the grown fragment freed the node whose rank had not yet left.
+@example(
+    [("up", 1, None), ("up", 1, 500.0), ("up", 1, None), ("elastic", 1, 3), ("up", 1, None)]
+    + [("elastic", 2, 1), ("up", 1, None), ("leave", 3), ("gone", 0), ("exit", 2, "stopped")]
+    + [("exit", 2, "stopped")],
+    2,
+    True,
+)
 def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
     """Whatever happens, in batches of any size, with shrinks in place or not: no node runs
     two tasks (but a fragment and its warm successor), starts are within bounds and on
