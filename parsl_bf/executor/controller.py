@@ -609,6 +609,9 @@ class Controller:
             task.previous = None  # handed over (or stopped): its nodes are free
             if task.state == "stopping" and not task.nodes:
                 task.state = "queued"
+            if task.state == "queued" and (task.resolved or task.samples >= task.work):
+                # It finished the work after its successor had already ended: nothing is left.
+                task.state = "done"
             return
         if generation != task.generation:
             return

@@ -445,6 +445,16 @@ events = st.lists(
     2,
     True,
 )
+# Found by this test (a task that spans a two-host pilot): a fragment's group ended alone, a
+# warm successor started while it stopped and was lost with its pilot, then the fragment
+# finished the work: the task, resolved, was queued and started again.
+@example(
+    [("up", 1, None), ("up", 1, 500.0), ("up", 1, None), ("up", 2, None), ("elastic", 1, 3)]
+    + [("elastic", 2, 2), ("elastic", 1, 1), ("exit", 0, "stopped"), ("gone", 0)]
+    + [("exit", 0, "done")],
+    2,
+    False,
+)
 def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
     """Whatever happens, in batches of any size, with shrinks in place or not: no node runs
     two tasks (but a fragment and its warm successor), starts are within bounds and on
