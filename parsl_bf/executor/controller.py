@@ -745,7 +745,9 @@ class Controller:
         now: float,
         out: list[Command],
     ) -> None:
-        running = [t for t in self.elastic.values() if t.state == "running"]
+        # A resolved task whose successor still runs (its predecessor finished the work during
+        # a hand-over) trains no more: its nodes stay busy until that successor has ended.
+        running = [t for t in self.elastic.values() if t.state == "running" and not t.resolved]
         queued = [t for t in self.elastic.values() if t.state == "queued"]
         stopping = sum(1 for t in self.elastic.values() if t.state == "stopping")
         admitted = queued[: max(0, self.max_tasks - len(running) - stopping)]

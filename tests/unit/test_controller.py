@@ -455,6 +455,15 @@ events = st.lists(
     2,
     False,
 )
+# Found by this test: a predecessor finished the work during a hand-over, and the resolved
+# task's successor was then rescaled (a third fragment started).
+@example(
+    [("up", 1, None), ("up", 1, 500.0), ("up", 1, None), ("up", 2, None), ("elastic", 1, 3)]
+    + [("elastic", 2, 2), ("leave", 1), ("exit", 0, "stopped"), ("exit", 0, "stopped")]
+    + [("exit", 0, "done")],
+    1,
+    False,
+)
 def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
     """Whatever happens, in batches of any size, with shrinks in place or not: no node runs
     two tasks (but a fragment and its warm successor), starts are within bounds and on
