@@ -106,9 +106,38 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
     assert any(e["event"] == "decision" and "pilot preempted" in e["causes"] for e in events)
 
 
+def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float):
+    """A BackfillExecutor over two emulated nodes, one-node pilots, and its config. Only one
+    pilot at first (``max_blocks=1``): a test raises it to 2 once its task trains on the
+    first, so the second pilot comes in a decision of its own."""
+    from parsl.config import Config
+
+    provider = LocalBackfillProvider(
+        nodes=2,
+        time_scale=1,
+        idle_s=idle_s,
+        busy_s=busy_s,
+        known_holes=False,
+        max_nodes=1,
+        min_walltime="00:00:05",
+        max_walltime="00:30:00",
+        grace_s=5,
+        max_blocks=1,
+    )
+    executor = BackfillExecutor(
+        label="bf",
+        provider=provider,
+        allocator={"tfwd": tfwd},
+        checkpoint_every=CHECKPOINT_EVERY,
+        rescale_s=2,
+        heartbeat_timeout_s=10,
+    )
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    return provider, executor, config
+
+
 def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monkeypatch):
     import parsl
-    from parsl.config import Config
 
     from parsl_bf.executor import elastic_app
 
@@ -119,27 +148,8 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
     # the machine is), so later preemptions shrink it and returning nodes grow it again. The
     # task's step is paced by its share of the batch: two ranks are faster than one whatever
     # the load, so growing always pays.
-    provider = LocalBackfillProvider(
-        nodes=2,
-        time_scale=1,
-        idle_s=60,
-        busy_s=10,
-        known_holes=False,
-        max_nodes=1,
-        min_walltime="00:00:05",
-        max_walltime="00:30:00",
-        grace_s=5,
-        max_blocks=1,  # the second pilot only once the task trains on the first (below)
-    )
-    executor = BackfillExecutor(
-        label="bf",
-        provider=provider,
-        allocator={"tfwd": 600},  # growing is always worth it
-        checkpoint_every=CHECKPOINT_EVERY,
-        rescale_s=2,
-        heartbeat_timeout_s=10,
-    )
-    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    # tfwd 600: growing is always worth it.
+    provider, executor, config = _two_pilots(tmp_path, idle_s=60, busy_s=10, tfwd=600)
     train = elastic_app("tests.training_tasks:paced_digits", work=100_000, min_nodes=1, max_nodes=2)
     with parsl.load(config):
         future = train(lr=0.05, width=8, global_batch=BATCH)
@@ -178,34 +188,13 @@ def test_a_task_that_gives_back_a_pilot_shrinks_in_place(tmp_path: Path, monkeyp
     rank there leaves, the rank on its first pilot trains on in the same process, b starts on
     the node given back, and both train every sample."""
     import parsl
-    from parsl.config import Config
 
     from parsl_bf.executor import elastic_app
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    provider = LocalBackfillProvider(
-        nodes=2,
-        time_scale=1,
-        idle_s=3600,
-        busy_s=1,
-        known_holes=False,
-        max_nodes=1,
-        min_walltime="00:00:05",
-        max_walltime="00:30:00",
-        grace_s=5,
-        max_blocks=1,  # the second pilot once a's rate on one node is measured (below)
-    )
-    executor = BackfillExecutor(
-        label="bf",
-        provider=provider,
-        # A short look-ahead: over 600 s either task would finish on one node, and the
-        # allocator caps a task's gain at its remaining work.
-        allocator={"tfwd": 10},
-        checkpoint_every=CHECKPOINT_EVERY,
-        rescale_s=2,
-        heartbeat_timeout_s=10,
-    )
-    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    # A short look-ahead: over 600 s either task would finish on one node, and the allocator
+    # caps a task's gain at its remaining work.
+    provider, executor, config = _two_pilots(tmp_path, idle_s=3600, busy_s=1, tfwd=10)
     # At most 64 samples / 0.05 s = 1,280 samples/s at any size, however fast the machine:
     # a's 80,000 samples (a minute at least) outlast its grow and the shrink, and b's 20,000
     # are worth more than a's second node.
