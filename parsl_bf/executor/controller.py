@@ -25,7 +25,7 @@ object as the replay's), the counts are mapped to nodes without migration
   the stop.
 - *Shrink in place* (``shrink_in_place``), when a running fragment keeps part of its nodes and
   the nodes it gives back are whole launchers (pilots): :class:`ShrinkFragment`. Its kept
-  ranks train on in memory and the others leave (:mod:`parsl_bf.training.shrink`); the nodes
+  ranks train on in memory and the others leave (:mod:`parsl_bf.training.resize`); the nodes
   given back stay busy until their launchers have exited. Not done by then
   (``handover_timeout_s``), or not possible in place (the trainer stops instead), the
   fragment stops and starts again at the new size.

@@ -54,7 +54,7 @@ from ..allocation import AllocatorSettings
 from ..providers.base import SettingError
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
-from ..training.shrink import ShrinkRequest
+from ..training.resize import ShrinkRequest
 from . import channel as wire
 from . import runner
 from .channel import PilotServer, write_secret
@@ -169,7 +169,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     shrink_in_place : bool
         With ``warm_ranks``, shrink a fragment that gives back whole pilots in place: the
         ranks that stay train on with the state in memory, the others leave
-        (:mod:`parsl_bf.training.shrink`), with no checkpoint written or read. A task's own
+        (:mod:`parsl_bf.training.resize`), with no checkpoint written or read. A task's own
         training loop takes it as a stop and starts again at the new size.
     heartbeat_timeout_s : float
         A pilot silent this long is considered gone.
@@ -686,7 +686,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 "checkpoint_every": self.checkpoint_every,
                 "report": d.progress,
                 "result": d.result(start.generation),
-                "shrink": d.shrink(start.generation),
+                "resize": d.resize(start.generation),
             }
             if self.warm_ranks and ranks > 1:  # every rank its own group
                 flags["rendezvous"] = d.rendezvous(start.generation)
@@ -733,7 +733,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         """Write the request that the fragment's ranks take at their next step."""
         key = (shrink.task, shrink.generation)
         request, self._rank_ranges[key] = shrink_request(self._rank_ranges[key], shrink.keep)
-        request.write(self._submissions[shrink.task].directory.shrink(shrink.generation))
+        request.write(self._submissions[shrink.task].directory.resize(shrink.generation))
         self._shrink_asked[shrink.task] = time.time()
 
     def _ranks_per_node(self, pilot: str) -> int:

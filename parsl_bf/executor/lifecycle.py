@@ -190,7 +190,7 @@ class StartFragment:
 @dataclass(frozen=True)
 class ShrinkFragment:
     """Shrink ``task``'s running fragment ``generation`` in place to its launchers ``keep``
-    (placement groups): write its shrink request (:mod:`parsl_bf.training.shrink`) naming
+    (placement groups): write its shrink request (:mod:`parsl_bf.training.resize`) naming
     their ranks. The ranks of the other groups leave and their launchers exit 0."""
 
     task: str
@@ -287,8 +287,8 @@ class TaskDir:
     An elastic task keeps one ``progress.jsonl`` (every fragment appends) and one checkpoint
     directory (``checkpoints/`` here, or the executor's ``checkpoint_dir/<task key>``, with
     ``outcome.json`` once it is done); each fragment has ``fragment<N>/`` with its
-    ``result.json``, its ``ready`` file (a warm successor), its ``shrink.json`` (an in-place
-    shrink request, until rank 0 takes it), its ``rendezvous/`` (ranks of several pilots) and
+    ``result.json``, its ``ready`` file (a warm successor), its ``resize.json`` (an in-place
+    resize request, until rank 0 takes it), its ``rendezvous/`` (ranks of several pilots) and
     each launcher's ``group<g>.stdout``/``.stderr``. A plain app has ``app.in`` (the packed
     call), ``app.out`` (its outcome) and its output streams; an elastic task whose factory is
     the app's own function has ``factory.in``.
@@ -329,9 +329,9 @@ class TaskDir:
     def rendezvous(self, generation: int) -> Path:
         return self.fragment(generation) / "rendezvous"
 
-    def shrink(self, generation: int) -> Path:
-        """Where the fragment's ranks look for an in-place shrink request."""
-        return self.fragment(generation) / "shrink.json"
+    def resize(self, generation: int) -> Path:
+        """Where the fragment's ranks look for an in-place resize request."""
+        return self.fragment(generation) / "resize.json"
 
     def stream(self, generation: int, group: int, name: str) -> Path:
         """A launcher's ``stdout`` or ``stderr``."""

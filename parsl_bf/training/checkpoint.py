@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import logging
 import os
 import random
@@ -57,6 +58,8 @@ __all__ = [
     "save_atomically",
     "save_checkpoint",
     "set_rng_state",
+    "state_bytes",
+    "state_from_bytes",
 ]
 
 log = logging.getLogger(__name__)
@@ -240,6 +243,22 @@ def save_checkpoint(
     for old in checkpoints(d)[keep:]:
         old.unlink(missing_ok=True)
     return final
+
+
+def state_bytes(state: dict[str, Any]) -> bytearray:
+    """``state`` serialised as a checkpoint stores it (loadable with ``weights_only=True``), in
+    memory: what a grow in place broadcasts to its joiners (:func:`state_from_bytes`)."""
+    buffer = io.BytesIO()
+    torch.save(_encode(state, ""), buffer)
+    return bytearray(buffer.getbuffer())
+
+
+def state_from_bytes(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The inverse of :func:`state_bytes`, read with ``weights_only=True``."""
+    stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if not isinstance(stored, dict):
+        raise _Unusable(f"not a state: a {type(stored).__name__}")
+    return _decode(stored)
 
 
 def save_atomically(obj: Any, path: str | Path) -> Path:

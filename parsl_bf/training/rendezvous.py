@@ -8,8 +8,10 @@ communicator so far must take part in each accept. After each connection the two
 (``Intercomm.Merge``) into one intracommunicator that accepts the next group. Ranks end up
 ordered by group, then by rank within the group. Needs an MPI with dynamic process support
 across jobs (MPICH's Hydra does; the port name is a TCP address, so groups may be on different
-hosts). The directory must be visible to all groups (a shared file system), or the port name
-may be passed by other means (``port=``).
+hosts). The directory must be visible to all groups (a shared file system).
+
+The same protocol grows a running fragment in place (:mod:`.resize`): the fragment is group 0,
+with its own communicator as ``base``, and the groups after it are the joiners.
 """
 
 from __future__ import annotations
@@ -20,11 +22,29 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-__all__ = ["join", "RendezvousTimeout"]
+__all__ = [
+    "join",
+    "ready_file",
+    "refuse",
+    "RendezvousError",
+    "RendezvousRefused",
+    "RendezvousTimeout",
+]
+
+#: What group 0 publishes in place of its port when it will not take the others in.
+REFUSED = "refused"
 
 
-class RendezvousTimeout(TimeoutError):
+class RendezvousError(Exception):
+    """A group could not join."""
+
+
+class RendezvousTimeout(RendezvousError, TimeoutError):
     """A group did not show up in time."""
+
+
+class RendezvousRefused(RendezvousError):
+    """Group 0 will not take this group in, or the group was asked to stop while it waited."""
 
 
 def _publish(path: Path, port: str) -> None:
@@ -33,16 +53,44 @@ def _publish(path: Path, port: str) -> None:
     os.replace(tmp, path)
 
 
-def _wait_for(path: Path, deadline: float, what: str) -> None:
+def _wait_for(path: Path, deadline: float, what: str, should_stop=lambda: False) -> None:
     while not path.exists():
+        if should_stop():
+            raise RendezvousRefused(f"{what}: asked to stop while waiting for {path}")
         if time.monotonic() > deadline:
             raise RendezvousTimeout(f"{what}: no {path} after the rendezvous' timeout")
         time.sleep(0.002)  # on the critical path of a fragment's start
 
 
-def join(directory: str | Path, group: int, groups: int, timeout: float = 60.0) -> MPI.Intracomm:
-    """The communicator of all ``groups`` groups; call on every rank of every group."""
-    world = MPI.COMM_WORLD
+def ready_file(directory: str | Path, group: int) -> Path:
+    """The file a joiner group creates once it is set up (model and optimizer built): a grow
+    request is written once every joiner's is there, so the fragment never waits for one."""
+    return Path(directory) / f"ready.{group}"
+
+
+def refuse(directory: str | Path) -> None:
+    """Tell the groups waiting in ``directory`` that group 0 will not take them in (a grow
+    that is not done in place): they raise :class:`RendezvousRefused`."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    _publish(d / "port", REFUSED)
+
+
+def join(
+    directory: str | Path,
+    group: int,
+    groups: int,
+    timeout: float = 60.0,
+    base: MPI.Intracomm | None = None,
+    should_stop=lambda: False,
+) -> MPI.Intracomm:
+    """The communicator of all ``groups`` groups; call on every rank of every group.
+
+    ``base``: this group's communicator (default ``COMM_WORLD``), e.g. a running fragment's
+    that takes in joiners as group 0. A group g > 0 waits for its turn at most ``timeout``
+    seconds (:class:`RendezvousTimeout`), and gives up if ``should_stop()`` or if group 0
+    refuses (:class:`RendezvousRefused`)."""
+    world = MPI.COMM_WORLD if base is None else base
     if groups == 1:
         return world.Dup()
     deadline = time.monotonic() + timeout
@@ -57,10 +105,20 @@ def join(directory: str | Path, group: int, groups: int, timeout: float = 60.0) 
     else:
         port = None
         if world.rank == 0:
-            _wait_for(port_file, deadline, f"group {group}")
-            if group > 1:  # our turn comes after the group before us
-                _wait_for(d / f"joined.{group - 1}", deadline, f"group {group}")
-            port = port_file.read_text()
+            try:
+                what = f"group {group}"
+                _wait_for(port_file, deadline, what, should_stop)
+                port = port_file.read_text()
+                if group > 1 and port != REFUSED:  # our turn comes after the group before us
+                    _wait_for(d / f"joined.{group - 1}", deadline, what, should_stop)
+                    port = port_file.read_text()
+            except RendezvousError as exc:
+                port = exc
+        port = world.bcast(port, root=0)  # every rank of the group gives up together
+        if isinstance(port, RendezvousError):
+            raise port
+        if port == REFUSED:
+            raise RendezvousRefused(f"group {group}: group 0 did not take this group in")
         comm = world.Connect(port, root=0).Merge(high=True)
         if world.rank == 0 and group < groups - 1:
             _publish(d / f"joined.{group}", "")

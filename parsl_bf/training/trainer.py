@@ -35,12 +35,15 @@ from .checkpoint import (
     save_atomically,
     save_checkpoint,
     set_rng_state,
+    state_bytes,
+    state_from_bytes,
 )
 from .data import step_plan, total_steps
 from .exchange import FlatGradients, fingerprint, quiet_barrier
 from .handover import Receiver
+from .rendezvous import join, refuse
 from .reports import ReportSink
-from .shrink import ShrinkRequest
+from .resize import GrowRequest, ShrinkRequest
 from .syncbn import convert_batchnorm, has_batchnorm, set_comm
 
 __all__ = [
@@ -198,7 +201,7 @@ def _positive(value: Any) -> bool:
 @dataclass
 class TrainOutcome:
     #: "done" (all the work), "stopped" (checkpointed on request) or "left" (this rank left
-    #: at an in-place shrink; the others trained on)
+    #: at an in-place shrink, and the others trained on; or, a joiner, it was not taken in)
     status: str
     samples: int
     steps: int
@@ -260,14 +263,22 @@ class ElasticTrainer:
     read: a new run started while its predecessor is still stopping waits there, and returns
     the listener that got the predecessor's state, if any (:mod:`.handover`).
 
-    ``should_shrink`` is polled like ``should_stop`` (e.g. "a request file is there"): once any
-    rank has seen it, every rank calls ``take_shrink(read)`` (which clears what it saw) and
-    the :class:`~parsl_bf.training.shrink.ShrinkRequest` rank 0 reads (``read`` True there)
-    decides. The ranks it keeps split off a
-    communicator of their own and train on with the model, optimizer and data position in
-    memory, from the next step at the new size (the lowest of them is rank 0 from then on);
-    the others return ``status`` ``"left"``. A request that cannot be done in place is a
-    stop; one made for another world size (late, or repeated) is dropped.
+    ``should_resize`` is polled like ``should_stop`` (e.g. "a request file is there"): once any
+    rank has seen it, every rank calls ``take_resize(read)`` (which clears what it saw) and
+    the request rank 0 reads (``read`` True there) decides (:mod:`.resize`):
+
+    - a :class:`~parsl_bf.training.resize.ShrinkRequest`: the ranks it keeps split off a
+      communicator of their own and train on with the model, optimizer and data position in
+      memory, from the next step at the new size (the lowest of them is rank 0 from then on);
+      the others return ``status`` ``"left"``;
+    - a :class:`~parsl_bf.training.resize.GrowRequest`: the fragment takes in the joiners
+      waiting at its rendezvous, sends them its state, and every rank takes the next step at
+      the new size.
+
+    A request that cannot be done in place is a stop; one made for another world size (late,
+    or repeated) is dropped. A joiner is a trainer with ``join``: ``join(comm)`` returns the
+    grown communicator (:func:`~parsl_bf.training.rendezvous.join`), and its state comes from
+    the fragment's rank 0 instead of a checkpoint.
     """
 
     def __init__(
@@ -283,9 +294,10 @@ class ElasticTrainer:
         started_at: float | None = None,
         before_load: Callable[[], Receiver | None] = lambda: None,
         stop_at: int | None = None,
-        should_shrink: Callable[[], bool] = lambda: False,
-        take_shrink: Callable[[bool], ShrinkRequest | None] = lambda read: None,
-        shrink_at: int | None = None,
+        should_resize: Callable[[], bool] = lambda: False,
+        take_resize: Callable[[bool], ShrinkRequest | GrowRequest | None] = lambda read: None,
+        resize_at: int | None = None,
+        join: Callable[[MPI.Intracomm], MPI.Intracomm] | None = None,
     ) -> None:
         self.task, self.comm, self.work = task, comm, int(work)
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -297,9 +309,10 @@ class ElasticTrainer:
         self.started_at = started_at  # when the process started (imports take a while)
         self.before_load = before_load
         self.stop_at = stop_at
-        self.should_shrink = should_shrink
-        self.take_shrink = take_shrink
-        self.shrink_at = shrink_at  # a shrink asked at an exact step (tests, benchmarks)
+        self.should_resize = should_resize
+        self.take_resize = take_resize
+        self.resize_at = resize_at  # a resize asked at an exact step (tests, benchmarks)
+        self.join = join
 
     def _seed(self) -> None:
         torch.manual_seed(self.task.seed)
@@ -361,14 +374,25 @@ class ElasticTrainer:
         # A warm start: everything above (imports, model, optimizer) ran while the fragment's
         # previous run was still stopping; wait for its checkpoint only now.
         received = self.before_load()
-        # Another model's checkpoint (other keys, other shapes) is skipped like a damaged one.
-        live = {"model": model, "optimizer": optimizer}
-        found = agreed_latest(
-            self.checkpoint_dir,
-            comm,
-            check=lambda saved: mismatch(saved, live, ("samples", "steps", "rng")),
-            received=received,
-        )
+        if self.join is not None:
+            # A joiner: the running fragment takes this rank in and sends its state.
+            comm = self.comm = self.join(comm)
+            rank, world = comm.rank, comm.size
+            found = None, self._grow_state(comm, None)
+            if world > 1:
+                grads = FlatGradients(params, device=device)
+            if synced:
+                set_comm(model, comm)
+        else:
+            # Another model's checkpoint (other keys, other shapes) is skipped like a damaged
+            # one.
+            live = {"model": model, "optimizer": optimizer}
+            found = agreed_latest(
+                self.checkpoint_dir,
+                comm,
+                check=lambda saved: mismatch(saved, live, ("samples", "steps", "rng")),
+                received=received,
+            )
         from_peer = received is not None and received.received_at is not None
         state = None if found is None else found[1]
         samples = steps = 0
@@ -416,10 +440,13 @@ class ElasticTrainer:
         last_t, last_samples = None, samples
         first_step_at = None
         status = "done"
-        shrunk_from: int | None = None  # the world before an in-place shrink, until its step
+        # An in-place resize's report (its event; the world before; when it was agreed on, and
+        # when the communicator of the new size was set up), until the first step after it
+        resized: tuple[str, dict[str, Any]] | None = None
         model.train()
         while True:
             keep: list[int] | None = None
+            grow: GrowRequest | None = None
             for (batch, idx), local_batch in zip(plan(), batches, strict=True):
                 if grads is not None:
                     grads.zero()
@@ -453,13 +480,13 @@ class ElasticTrainer:
                 samples += batch
                 steps += 1
                 # One small Allreduce for the step's loss and for "has any rank been asked to
-                # stop" and "... to shrink".
-                planned_shrink = self.shrink_at is not None and samples >= self.shrink_at
-                asked = [float(self.should_stop()), float(self.should_shrink() or planned_shrink)]
+                # stop" and "... to resize".
+                planned_resize = self.resize_at is not None and samples >= self.resize_at
+                asked = [float(self.should_stop()), float(self.should_resize() or planned_resize)]
                 shared = np.array([float(local.detach()), *asked])
                 comm.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
                 total_loss = loss_value = float(shared[0]) / batch
-                stop, shrink = shared[1] > 0, shared[2] > 0
+                stop, resize = shared[1] > 0, shared[2] > 0
                 now = time.time()
                 if first_step_at is None:
                     first_step_at = now
@@ -477,13 +504,11 @@ class ElasticTrainer:
                             from_peer=from_peer and found is not None,
                         )
                     last_t, last_samples = now, samples
-                elif shrunk_from is not None:
+                elif resized is not None:
                     if rank == 0:  # the first step at the new size, in the same processes
-                        self.reports.emit(
-                            "shrunk", world=world, samples=samples, first_step_at=now,
-                            previous_world=shrunk_from,
-                        )  # fmt: skip
-                    shrunk_from, last_t, last_samples = None, now, samples
+                        self.reports.emit(resized[0], world=world, samples=samples,
+                                          first_step_at=now, **resized[1])  # fmt: skip
+                    resized, last_t, last_samples = None, now, samples
                 elif rank == 0 and steps % self.report_every == 0:
                     rate = (samples - last_samples) / max(1e-9, now - last_t)
                     self.reports.emit(
@@ -500,28 +525,45 @@ class ElasticTrainer:
                     break
                 if steps % self.checkpoint_every == 0:
                     self._save(saved, samples, steps, None)
-                if shrink and samples < self.work:
-                    self.shrink_at = None
-                    keep = self._agree_shrink(world)
-                    if keep is None:
+                if resize and samples < self.work:
+                    self.resize_at = None
+                    action = self._agree_resize(world, min(task.global_batch, n))
+                    if action is None:
                         continue  # a stale request: dropped
-                    if not keep:
+                    if action == "stop":
                         status = "stopped"  # not possible in place: the executor restarts it
+                    elif isinstance(action, GrowRequest):
+                        grow = action
+                    else:
+                        keep = action
                     break
-            if status != "done" or not keep:
+            if status != "done" or not (keep or grow):
                 break
-            # Shrink in place: the kept ranks go on with everything in memory. Only rank 0
-            # evaluates: its history goes to the rank that is rank 0 next.
             batches.close()  # its loader's workers, if any, end with it
-            history[:] = comm.bcast(history if rank == 0 else None, root=0)
-            new = comm.Split(0 if rank in keep else MPI.UNDEFINED, key=rank)
-            if new == MPI.COMM_NULL:
-                status = "left"
-                break
-            shrunk_from, comm, rank, world = world, new, new.rank, new.size
-            self.comm = comm
+            times = {"previous_world": world, "agreed_at": time.time()}
+            if grow is not None:
+                # Grow in place: the joiners connect, and rank 0 sends them the state.
+                comm = self.comm = join(grow.rendezvous, 0, grow.groups, base=comm)
+                times["connected_at"] = time.time()
+                state = self._state(saved, samples, steps, None) if rank == 0 else None
+                self._grow_state(comm, state)
+                self._check_same_model(params)  # on the grown communicator, with the joiners
+            else:
+                # Shrink in place: the kept ranks go on with everything in memory. Only rank 0
+                # evaluates: its history goes to the rank that is rank 0 next.
+                history[:] = comm.bcast(history if rank == 0 else None, root=0)
+                comm = comm.Split(0 if rank in keep else MPI.UNDEFINED, key=rank)
+                if comm == MPI.COMM_NULL:
+                    status = "left"
+                    break
+            times["resized_at"] = time.time()  # the new communicator, and the state shared
+            resized = ("grown" if grow else "shrunk", times)
+            self.comm, rank, world = comm, comm.rank, comm.size
+            # One rank uses autograd's own gradients, as a fragment started at one rank.
             if world == 1:
-                grads = None  # autograd's own gradients, as a fragment started at one rank
+                grads = None
+            elif grads is None:
+                grads = FlatGradients(params, device=device)
             if synced:
                 set_comm(model, comm)
             batches = samples_of.batches(plan(), task.loader_workers, device.type == "cuda")
@@ -551,13 +593,39 @@ class ElasticTrainer:
             loaded_samples,
         )
 
-    def _agree_shrink(self, world: int) -> list[int] | None:
-        """Every rank takes (and clears) its shrink request; rank 0's decides. The ranks to
-        keep; [] when it cannot be done in place (a stop instead); None for a request made
-        for another world size (dropped)."""
-        mine = self.take_shrink(self.comm.rank == 0)
+    def _agree_resize(self, world: int, most: int) -> list[int] | GrowRequest | str | None:
+        """Every rank takes (and clears) its resize request; rank 0's decides. The ranks to
+        keep, or the grow to do; ``"stop"`` when it cannot be done in place; None for a
+        request made for another world size (dropped). Joiners of a grow not done are told."""
+        mine = self.take_resize(self.comm.rank == 0)
         request = self.comm.bcast(mine, root=0)
-        return None if request is None else request.kept(world)
+        if isinstance(request, GrowRequest):
+            action = request.action(world, most)
+            if action == "grow":
+                return request
+            if self.comm.rank == 0:
+                refuse(request.rendezvous)
+            return None if action == "drop" else "stop"
+        kept = None if request is None else request.kept(world)
+        return "stop" if kept == [] else kept
+
+    def _grow_state(self, comm: MPI.Intracomm, state: dict[str, Any] | None) -> dict | None:
+        """Over a grown communicator: rank 0 (a running rank, with its ``state``) sends it to
+        the ranks that joined (``state`` None), which return it; collective on every rank.
+        Sent as the bytes of a checkpoint (``weights_only`` to read) by one broadcast among
+        rank 0 and the joiners only: the running ranks hold the state already."""
+        joiner = self.join is not None
+        sub = comm.Split(0 if comm.rank == 0 or joiner else MPI.UNDEFINED, key=comm.rank)
+        if sub == MPI.COMM_NULL:
+            return None
+        try:
+            data = state_bytes(state) if sub.rank == 0 and state is not None else bytearray()
+            size = sub.bcast(len(data), root=0)
+            buffer = data if sub.rank == 0 else bytearray(size)
+            sub.Bcast([buffer, MPI.BYTE], root=0)
+            return state_from_bytes(buffer) if joiner else None
+        finally:
+            sub.Free()
 
     def _evaluate(
         self, model: torch.nn.Module, samples: int, history: list[dict[str, float]]
@@ -581,6 +649,15 @@ class ElasticTrainer:
     def _save(self, saved: dict[str, Any], samples: int, steps: int, stopped_at: float | None):
         if self.comm.rank != 0:
             return None
+        state = self._state(saved, samples, steps, stopped_at)
+        # A stop's checkpoint goes to a warm successor first, if one listens (.handover).
+        handover = stopped_at is not None
+        return str(save_checkpoint(self.checkpoint_dir, state, samples, handover=handover))
+
+    def _state(
+        self, saved: dict[str, Any], samples: int, steps: int, stopped_at: float | None
+    ) -> dict[str, Any]:
+        """Everything a fragment's ranks hold: what a checkpoint stores, and a joiner gets."""
         scheduler, scaler = saved["scheduler"], saved["scaler"]
         state: dict[str, Any] = {
             "model": saved["model"].state_dict(),
@@ -596,9 +673,7 @@ class ElasticTrainer:
             "stopped_at": stopped_at,
             "pid": os.getpid(),
         }
-        # A stop's checkpoint goes to a warm successor first, if one listens (.handover).
-        handover = stopped_at is not None
-        return str(save_checkpoint(self.checkpoint_dir, state, samples, handover=handover))
+        return state
 
 
 def _save_model(model: torch.nn.Module, path: Path) -> str:

@@ -6,9 +6,11 @@
 SIGTERM or SIGUSR1 (preemption, or a rescale decided by the executor) makes every rank finish
 its step, checkpoint and exit 0 with ``"status": "stopped"`` in the result file; starting the
 same command again, at any world size, continues from the checkpoint. A request written to the
-``--shrink`` file (:mod:`.shrink`) shrinks the fragment in place: the ranks it keeps train on
-in memory at the new size and the others exit 0 at once (the lowest rank kept is rank 0 from
-then on, and writes the result file); a task's own training loop takes it as a stop. A rescale
+``--resize`` file (:mod:`.resize`) resizes the fragment in place. At a shrink the ranks it keeps
+train on in memory at the new size and the others exit 0 at once (the lowest rank kept is rank
+0 from then on, and writes the result file). At a grow, joiner ranks started with ``--join DIR
+--group g --groups G`` (after they said ``--ready``) connect and receive the state from rank 0.
+A task's own training loop takes a request as a stop. A rescale
 is fastest as a warm start: launch the new size with ``--after OLD_RESULT`` (at the decision,
 or earlier as a standby that reports ``--ready``), then signal the old ranks; the new ranks
 import torch and build the model before the old ones stop, and take over from their
@@ -43,9 +45,9 @@ from mpi4py import MPI
 from .. import environment
 from . import elastic, handover
 from .checkpoint import CheckpointError
-from .rendezvous import join
+from .rendezvous import RendezvousError, RendezvousRefused, join, ready_file, refuse
 from .reports import ReportSink, write_result
-from .shrink import ShrinkRequest
+from .resize import GrowRequest, ShrinkRequest, read_request
 from .trainer import (
     ElasticTrainer,
     TrainingInputError,
@@ -95,12 +97,12 @@ def _process_started_at() -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-#: Seconds between two looks for a shrink request.
-SHRINK_POLL_S = 0.05
+#: Seconds between two looks for a resize request.
+RESIZE_POLL_S = 0.05
 
 
-class ShrinkPoll:
-    """Whether a shrink request is in ``path`` (looked at every :data:`SHRINK_POLL_S` at most),
+class ResizePoll:
+    """Whether a resize request is in ``path`` (looked at every :data:`RESIZE_POLL_S` at most),
     and taking it: rank 0 reads and removes it, the others just stop asking."""
 
     def __init__(self, path: Path | None) -> None:
@@ -109,14 +111,14 @@ class ShrinkPoll:
     def asked(self) -> bool:
         now = time.monotonic()
         if self.path is not None and now >= self.next:
-            self.seen, self.next = self.path.exists(), now + SHRINK_POLL_S
+            self.seen, self.next = self.path.exists(), now + RESIZE_POLL_S
         return self.seen
 
-    def take(self, read: bool) -> ShrinkRequest | None:
+    def take(self, read: bool) -> ShrinkRequest | GrowRequest | None:
         self.seen, self.next = False, 0.0
         if not read or self.path is None or not self.path.exists():
             return None
-        request = ShrinkRequest.read(self.path)  # unreadable: keeps no rank, a stop
+        request = read_request(self.path)  # unreadable: keeps no rank, a stop
         with contextlib.suppress(OSError):
             self.path.unlink()  # taken: the one who asked sees it go
         return request
@@ -235,16 +237,24 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         "the default)",
     )
     ap.add_argument(
-        "--shrink",
+        "--resize",
         type=Path,
-        help="once a request appears in this file (parsl_bf.training.shrink), keep the ranks "
-        "it names with the state in memory and let the others leave; rank 0 removes it",
+        help="once a request appears in this file (parsl_bf.training.resize), resize in place "
+        "with the state in memory: keep the ranks it names and let the others leave, or take "
+        "in the joiners of its rendezvous; rank 0 removes it",
     )
     ap.add_argument(
-        "--shrink-at",
+        "--resize-at",
         type=int,
-        help="look for the --shrink request once this many samples are done (tests, "
-        "benchmarks: a shrink at an exact step)",
+        help="look for the --resize request once this many samples are done (tests, "
+        "benchmarks: a resize at an exact step)",
+    )
+    ap.add_argument(
+        "--join",
+        type=Path,
+        help="a joiner: join the running fragment (group 0) as group --group of --groups "
+        "through this rendezvous directory once it takes a grow request, and receive its "
+        "state; says it is set up in ready.<group> there (unless --ready names a file)",
     )
     ap.add_argument(
         "--stop-at",
@@ -264,10 +274,14 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     signal.signal(signal.SIGUSR1, ask_stop)
     # Not a signal: mpiexec dies of SIGUSR2, and a cold launch's ranks are reached only
     # through it. The file is on the checkpoints' (shared) file system; looked for at most
-    # every SHRINK_POLL_S, since a stat per step would load a parallel file system.
-    shrink = ShrinkPoll(args.shrink)
-    shrink_asked = (lambda: False) if args.shrink_at is not None else shrink.asked
-    comm = join(args.rendezvous, args.group, args.groups) if args.groups > 1 else MPI.COMM_WORLD
+    # every RESIZE_POLL_S, since a stat per step would load a parallel file system.
+    resize = ResizePoll(args.resize)
+    resize_asked = (lambda: False) if args.resize_at is not None else resize.asked
+    joining = args.join is not None
+    if args.groups > 1 and not joining:
+        comm = join(args.rendezvous, args.group, args.groups)
+    else:
+        comm = MPI.COMM_WORLD
     _share_cores(comm)
     # Every rank may write reports: whichever is rank 0 does (after a shrink in place that
     # let the first rank go, another one is).
@@ -277,11 +291,28 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     peer = args.after is not None and handover.use_peer(args.handover, args.checkpoint_dir)
     receiver = handover.Receiver(args.checkpoint_dir, comm.rank) if peer else None
 
+    ready = ready_file(args.join, args.group) if joining and not args.ready else args.ready
+
     def before_load() -> handover.Receiver | None:
         return _standby(
-            comm, args.ready, args.after, args.after_timeout, lambda: stop["asked"], receiver
+            comm, ready, args.after, args.after_timeout, lambda: stop["asked"], receiver
         )
 
+    def join_grown(base: MPI.Intracomm) -> MPI.Intracomm:
+        """A joiner's wait for its turn, and the grown fragment's communicator."""
+        should_stop = lambda: stop["asked"]  # noqa: E731
+        return join(args.join, args.group, args.groups, args.after_timeout, base, should_stop)
+
+    def loop_before_load() -> handover.Receiver | None:
+        received = before_load()
+        if joining:
+            # A task's own loop cannot take joiners in: its fragment stops at the request and
+            # refuses them. This rank waits for that, and leaves without training.
+            join_grown(comm)
+            raise RendezvousRefused(f"{args.task}: a training loop does not grow in place")
+        return received
+
+    trainer = task = None
     try:
         with elastic.session(
             comm=comm,
@@ -289,9 +320,9 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
             work=args.work,
             checkpoint_every=args.checkpoint_every,
             reports=reports,
-            # A loop of the task's own cannot shrink in place: a request is a stop for it.
-            should_stop=lambda: stop["asked"] or shrink_asked(),
-            before_load=before_load,
+            # A loop of the task's own cannot resize in place: a request is a stop for it.
+            should_stop=lambda: stop["asked"] or resize_asked(),
+            before_load=loop_before_load,
             stop_at=args.stop_at,
             started_at=started,
         ) as loop:
@@ -320,13 +351,14 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
                 started_at=started,
                 before_load=before_load,
                 stop_at=args.stop_at,
-                should_shrink=shrink_asked,
-                take_shrink=shrink.take,
-                shrink_at=args.shrink_at,
+                should_resize=resize_asked,
+                take_resize=resize.take,
+                resize_at=args.resize_at,
+                join=join_grown if joining else None,
             )
             try:
                 outcome = trainer.run()
-                comm = trainer.comm  # smaller, after a shrink in place
+                comm = trainer.comm  # resized in place, or joined
             except StoppedInStandby:
                 outcome = TrainOutcome("stopped", 0, 0, comm.size, None, None)
     except (TrainingInputError, CheckpointError, json.JSONDecodeError) as exc:
@@ -335,6 +367,11 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
             print(f"parsl_bf.training.worker: error: {exc}", file=sys.stderr)
             _error_result(args.result, f"{type(exc).__name__}: {exc}")
         return 2
+    except RendezvousError:
+        if not joining:
+            raise  # the start of a fragment of several launchers: a failure, as below
+        # A joiner that was not taken in (the grow was not done in place) has nothing to do.
+        outcome = TrainOutcome("left", 0, 0, comm.size, None, None)
     except BaseException as exc:
         # Anything else may have hit one rank only; the others would wait in a collective
         # for ever. Abort the whole fragment. An exception of the task's own code is its
@@ -349,6 +386,11 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     finally:
         if receiver is not None:
             receiver.close()  # idempotent: the load closed it, unless it never came to that
+    if comm.rank == 0 and outcome.status != "left":
+        # A grow asked too late for this fragment: its joiners are told, and leave.
+        pending = resize.take(True)
+        if isinstance(pending, GrowRequest):
+            refuse(pending.rendezvous)
     if outcome.status == "left":
         # In one mpiexec world MPICH's MPI_Finalize waits for every rank: give back what this
         # rank held before it waits (each rank its own mpiexec, as the executor launches

@@ -1,4 +1,4 @@
-"""In-place shrink (parsl_bf.training.shrink): the kept ranks train on in memory, the others
+"""In-place shrink (parsl_bf.training.resize): the kept ranks train on in memory, the others
 leave; real mpiexec ranks and the digits example."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from parsl_bf.training import load_latest
-from parsl_bf.training.shrink import ShrinkRequest
+from parsl_bf.training.resize import ShrinkRequest
 
 from .fragments import MPIEXEC, ROOT, env, result, run, wait_for_report, worker_args
 
@@ -34,10 +34,10 @@ def test_a_shrink_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> 
     whole, shrunk = tmp_path / "whole", tmp_path / "shrunk"
     done = run(2, whole, 2500)
     assert done.returncode == 0, done.stderr
-    request = shrunk / "shrink.json"
+    request = shrunk / "resize.json"
     shrunk.mkdir()
     ShrinkRequest((0, 1), of=3).write(request)
-    done = run(3, shrunk, 2500, shrink=request, shrink_at=640)
+    done = run(3, shrunk, 2500, resize=request, resize_at=640)
     assert done.returncode == 0, done.stderr  # the leaver exited 0 too
     assert result(shrunk)["samples"] == 2500 and result(shrunk)["world"] == 2
     events = [(r["event"], r.get("world")) for r in _reports(shrunk)]
@@ -53,8 +53,8 @@ def test_a_shrink_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> 
 def test_a_request_shrinks_a_running_fragment_and_the_leaver_exits(tmp_path: Path) -> None:
     """Two ranks, each its own mpiexec as the executor launches them: once the request is
     written, rank 1 exits while rank 0 trains on alone."""
-    request = tmp_path / "shrink.json"
-    flags = {"rendezvous": tmp_path / "rdv", "groups": 2, "shrink": request}
+    request = tmp_path / "resize.json"
+    flags = {"rendezvous": tmp_path / "rdv", "groups": 2, "resize": request}
     ranks = [
         subprocess.Popen(
             [MPIEXEC, "-n", "1", *worker_args(tmp_path, 10**9, group=g, **flags)],
@@ -94,11 +94,11 @@ def test_rank_0_may_leave_and_the_lowest_kept_rank_carries_on(tmp_path: Path) ->
     """3 ranks, rank 0 evaluating every 500 samples; at 640 samples ranks 1 and 2 stay: rank 1
     is rank 0 from then on, writes the reports, the checkpoints and the result, and keeps the
     evaluations made before."""
-    request = tmp_path / "shrink.json"
+    request = tmp_path / "resize.json"
     tmp_path.mkdir(exist_ok=True)
     ShrinkRequest((1, 2), of=3).write(request)
     task = "tests.training_tasks:evaluated_digits"
-    done = run(3, tmp_path, 2500, task=task, shrink=request, shrink_at=640)
+    done = run(3, tmp_path, 2500, task=task, resize=request, resize_at=640)
     assert done.returncode == 0, done.stderr
     out = result(tmp_path)
     assert out["status"] == "done" and out["world"] == 2 and out["samples"] == 2500

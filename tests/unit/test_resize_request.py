@@ -1,4 +1,4 @@
-"""What an in-place shrink request asks of a fragment (parsl_bf.training.shrink)."""
+"""What an in-place resize request asks of a fragment (parsl_bf.training.resize)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from parsl_bf.training.shrink import ShrinkRequest
+from parsl_bf.training.resize import GrowRequest, ShrinkRequest, read_request
 
 
 @pytest.mark.parametrize(
@@ -24,13 +24,13 @@ from parsl_bf.training.shrink import ShrinkRequest
     ],
 )
 def test_what_a_request_asks_of_a_fragment(tmp_path: Path, text: str, world: int, kept) -> None:
-    path = tmp_path / "shrink.json"
+    path = tmp_path / "resize.json"
     path.write_text(text)
     assert ShrinkRequest.read(path).kept(world) == kept
 
 
 def test_a_written_request_reads_back_and_a_missing_one_is_a_stop(tmp_path: Path) -> None:
-    path = tmp_path / "shrink.json"
+    path = tmp_path / "resize.json"
     ShrinkRequest((0, 3), of=4).write(path)
     assert ShrinkRequest.read(path) == ShrinkRequest((0, 3), of=4)
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left
@@ -50,3 +50,46 @@ def test_the_executor_numbers_a_second_shrink_as_the_ranks_are_then() -> None:
     request, after = shrink_request(after, (2,))
     assert request == ShrinkRequest((2, 3), of=4) and after == {2: (0, 2)}
     assert request.kept(4) == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("text", "world", "action"),
+    [
+        ('{"grow": {"rendezvous": "r", "groups": 3, "to": 4}, "of": 2}', 2, "grow"),
+        ('{"grow": {"rendezvous": "r", "groups": 3, "to": 4}, "of": 2}', 3, "drop"),  # late
+        ('{"grow": {"rendezvous": "r", "groups": 3, "to": 99}, "of": 2}', 2, "stop"),  # too big
+        ('{"grow": {"rendezvous": "r", "groups": 1, "to": 4}, "of": 2}', 2, "stop"),  # no joiner
+        ('{"grow": {"rendezvous": "r", "groups": 3, "to": 2}, "of": 2}', 2, "stop"),  # no larger
+    ],
+)
+def test_what_a_grow_request_asks_of_a_fragment(
+    tmp_path: Path, text: str, world: int, action: str
+) -> None:
+    path = tmp_path / "resize.json"
+    path.write_text(text)
+    request = read_request(path)
+    assert isinstance(request, GrowRequest)
+    assert request.action(world, most=64) == action
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"grow": {"rendezvous": 1, "groups": 3, "to": 4}, "of": 2}',
+        '{"grow": {"rendezvous": "r", "groups": "3", "to": 4}, "of": 2}',
+        '{"grow": {"rendezvous": "r", "groups": 3}, "of": 2}',
+        '{"grow": {"rendezvous": "r", "groups": 3, "to": 4}}',
+        "[]",
+    ],
+)
+def test_a_malformed_grow_request_is_a_stop(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "resize.json"
+    path.write_text(text)
+    assert read_request(path) == ShrinkRequest((), None)
+
+
+def test_a_written_grow_request_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "resize.json"
+    GrowRequest(str(tmp_path / "rdv"), groups=3, of=2, to=4).write(path)
+    assert read_request(path) == GrowRequest(str(tmp_path / "rdv"), 3, 2, 4)
+    assert list(tmp_path.iterdir()) == [path]

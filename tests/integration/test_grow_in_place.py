@@ -1,0 +1,113 @@
+"""In-place grow (parsl_bf.training.resize): joiner ranks connect to a running fragment and get
+its state by broadcast; real mpiexec ranks and the digits example."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from parsl_bf.training import load_latest
+from parsl_bf.training.command import MPIEXEC
+from parsl_bf.training.rendezvous import ready_file
+from parsl_bf.training.resize import GrowRequest
+
+from .fragments import ROOT, env, result, run, worker_args
+
+pytestmark = pytest.mark.slow
+
+
+def _reports(tmp: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp / "report.jsonl").read_text().splitlines()]
+
+
+def _joiner(tmp: Path, rdv: Path, work: int, group: int, groups: int, **flags):
+    """A joiner rank: its own mpiexec, as the executor launches it on a new pilot."""
+    argv = worker_args(tmp, work, join=rdv, group=group, groups=groups, **flags)
+    return subprocess.Popen(
+        [MPIEXEC, "-n", "1", *argv],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _until(pred, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> None:
+    """2 ranks to 640 samples, then a third joins and gets the state from rank 0: the same
+    samples and model as 3 ranks throughout, with no restart and no checkpoint read."""
+    whole, grown = tmp_path / "whole", tmp_path / "grown"
+    done = run(3, whole, 2500)
+    assert done.returncode == 0, done.stderr
+    grown.mkdir()
+    rdv, request = grown / "rdv", grown / "resize.json"
+    joiner = _joiner(grown, rdv, 2500, group=1, groups=2, resize=request)
+    try:
+        _until(lambda: ready_file(rdv, 1).exists())  # set up, before the request is written
+        GrowRequest(str(rdv), groups=2, of=2, to=3).write(request)
+        done = run(2, grown, 2500, resize=request, resize_at=640)
+        assert done.returncode == 0, done.stderr
+        assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
+    finally:
+        if joiner.poll() is None:
+            joiner.kill()
+    out = result(grown)
+    assert out["status"] == "done" and out["samples"] == 2500 and out["world"] == 3
+    events = [(r["event"], r.get("world")) for r in _reports(grown)]
+    assert events[0] == ("start", 2) and ("grown", 3) in events and events[-1] == ("done", 3)
+    assert [e for e, _ in events].count("start") == 1  # the same processes throughout
+    first = next(r for r in _reports(grown) if r["event"] == "grown")
+    assert first["previous_world"] == 2 and first["samples"] == 640 + 64  # the step after
+    a, b = load_latest(whole / "ckpt")["model"], load_latest(grown / "ckpt")["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_grow_that_cannot_be_done_in_place_stops_and_its_joiner_leaves(tmp_path: Path) -> None:
+    """A grow to more ranks than a step has samples: the fragment checkpoints and stops (the
+    executor then starts the new size from the checkpoint); the joiner is told, and exits 0
+    without training."""
+    rdv, request = tmp_path / "rdv", tmp_path / "resize.json"
+    joiner = _joiner(tmp_path, rdv, 2500, group=1, groups=2)
+    try:
+        _until(lambda: ready_file(rdv, 1).exists())
+        GrowRequest(str(rdv), groups=2, of=1, to=65).write(request)  # 64 samples a step
+        done = run(1, tmp_path, 2500, resize=request, resize_at=320)
+        assert done.returncode == 0, done.stderr
+        assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
+    finally:
+        if joiner.poll() is None:
+            joiner.kill()
+    out = result(tmp_path)
+    assert out["status"] == "stopped" and out["world"] == 1 and out["samples"] == 320
+    assert [r["event"] for r in _reports(tmp_path)].count("start") == 1  # the joiner never did
+
+
+def test_a_fragment_that_ends_before_the_grow_lets_its_joiner_go(tmp_path: Path) -> None:
+    """A grow asked of a fragment that finishes its work first (it looks for the request only
+    past its end): the fragment ends done, and the joiner waiting at the rendezvous is told
+    and exits 0."""
+    rdv, request = tmp_path / "rdv", tmp_path / "resize.json"
+    joiner = _joiner(tmp_path, rdv, 640, group=1, groups=2)
+    try:
+        _until(lambda: ready_file(rdv, 1).exists())
+        GrowRequest(str(rdv), groups=2, of=1, to=2).write(request)
+        done = run(1, tmp_path, 640, resize=request, resize_at=10**9)
+        assert done.returncode == 0, done.stderr
+        assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
+    finally:
+        if joiner.poll() is None:
+            joiner.kill()
+    assert result(tmp_path)["status"] == "done" and not request.exists()  # taken, refused
