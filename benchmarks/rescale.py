@@ -57,8 +57,7 @@ from parsl_bf.executor.agent import _output  # noqa: E402
 from parsl_bf.executor.ranks import RankGroup, RankPool, launch_ranks  # noqa: E402
 from parsl_bf.training.command import MPIEXEC, mpiexec_argv, worker_argv  # noqa: E402
 from parsl_bf.training.handover import MODES  # noqa: E402
-from parsl_bf.training.rendezvous import ready_file  # noqa: E402
-from parsl_bf.training.resize import GrowRequest, ShrinkRequest  # noqa: E402
+from parsl_bf.training.resize import GrowRequest, ShrinkRequest, ready_file  # noqa: E402
 from tests.integration.fragments import rank_pids  # noqa: E402
 
 TASK = "parsl_bf.training.examples:resnet18_synthetic"

@@ -4,7 +4,8 @@ The BackfillExecutor appends one JSON object a line to ``events.jsonl`` in its d
 (:class:`~parsl_bf.executor.events.EventLog`): ``pilot_up`` and ``pilot_gone`` bound a pilot's
 life, ``fragment_start`` and ``fragment_stopped`` (or ``task_done``, ``task_failed``) a
 fragment's, until its processes have exited; ``fragment_shrunk`` says that a fragment shrunk in
-place holds fewer nodes from then on; ``fragment_stop`` says why a fragment was told to
+place holds fewer nodes from then on, and ``fragment_grow`` that one growing in place holds
+more; ``fragment_stop`` says why a fragment was told to
 stop, and ``decision`` how long an event took to become a plan applied. Each task's rank 0
 writes ``tasks/<id>/progress.jsonl`` (:mod:`parsl_bf.training.reports`).
 
@@ -110,8 +111,9 @@ def run_figures(
             res.fragments += t <= t_end
         elif kind in _TASK_ENDED and e.get("task") in running:
             account(e["task"], t).clear()
-        elif kind == "fragment_shrunk" and running.get(e["task"]):
-            # Shrunk in place: the ranks given back have left, their nodes are free.
+        elif kind in ("fragment_shrunk", "fragment_grow") and running.get(e["task"]):
+            # Shrunk in place: the ranks given back have left, their nodes are free. Grown in
+            # place: the joiners' nodes are the fragment's from the decision on.
             frags = account(e["task"], t)
             gen = e.get("generation")
             frags[gen if gen in frags else max(frags)] = int(e["nodes"])

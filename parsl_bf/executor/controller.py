@@ -29,6 +29,12 @@ object as the replay's), the counts are mapped to nodes without migration
   given back stay busy until their launchers have exited. Not done by then
   (``handover_timeout_s``), or not possible in place (the trainer stops instead), the
   fragment stops and starts again at the new size.
+- *Grow in place* (``grow_in_place``), when a running fragment keeps all of its nodes and adds
+  free ones: :class:`GrowFragment`. Joiner launchers start on the added nodes (one per pilot,
+  new placement groups of the same fragment); once they are set up the shell writes the grow
+  request, and at its next step the fragment takes them in and sends them its state. Not
+  done by ``handover_timeout_s`` (a joiner that failed, a grow the trainer refused), the
+  fragment stops and starts again at the new size.
 - *Stop*: ``TERM`` to each of the fragment's launchers; ``KILL`` to what is left after
   ``stop_grace_s`` (ranks blocked on a peer that died with its pilot).
 - *Exit classification*, when a fragment's last process has exited: its result says ``done``
@@ -68,6 +74,7 @@ from .lifecycle import (
     Fail,
     FragmentReady,
     FragmentStarted,
+    GrowFragment,
     MarkLost,
     Note,
     PilotGone,
@@ -141,6 +148,7 @@ class ElasticTask:
     measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
     measured_rescale_s: list[float] = field(default_factory=list)
     measured_shrink_s: list[float] = field(default_factory=list)  # in-place shrinks
+    measured_grow_s: list[float] = field(default_factory=list)  # in-place grows
     metrics: dict[str, Any] | None = None  # the latest evaluation, for parsl-bf status
     resolved: bool = False  # its future has its result (or error)
     restarts: int = 0  # fragments restarted after a failure (a crashed rank, a lost node)
@@ -188,6 +196,12 @@ class ElasticTask:
             return statistics.median(self.measured_shrink_s)
         return self.rescale_cost()
 
+    def grow_cost(self) -> float:
+        """A grow's cost: in place as measured, else as any rescale."""
+        if self.measured_grow_s:
+            return statistics.median(self.measured_grow_s)
+        return self.rescale_cost()
+
 
 @dataclass
 class PlainTask:
@@ -214,6 +228,8 @@ class Fragment:
     placement: Placement = ()  # as started: launcher g runs the hosts of placement[g]
     leaving: set[str] = field(default_factory=set)  # launchers an in-place shrink lets go
     shrink_deadline: float | None = None  # stop it if they have not all left by then
+    joining: set[str] = field(default_factory=set)  # joiner launchers of an in-place grow
+    grow_deadline: float | None = None  # stop it if it has not grown by then
 
 
 @dataclass
@@ -264,6 +280,8 @@ class Controller:
         Shrink a running fragment in place where its placement allows (module docstring).
         Only where every rank is an MPI job of its own (the executor's warm ranks): in one
         ``mpiexec`` world, MPICH keeps a rank that left until all have.
+    grow_in_place
+        Grow a running fragment in place when it keeps all of its nodes (module docstring).
     """
 
     def __init__(
@@ -277,10 +295,12 @@ class Controller:
         stop_grace_s: float = 45.0,
         max_restarts: int = 3,
         shrink_in_place: bool = False,
+        grow_in_place: bool = False,
     ) -> None:
         self.allocator = allocator or AllocatorSettings()
         self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
         self.warm_rescale, self.shrink_in_place = warm_rescale, shrink_in_place
+        self.grow_in_place = grow_in_place
         self.walltime_notice_s = walltime_notice_s
         self.handover_timeout_s, self.stop_grace_s = handover_timeout_s, stop_grace_s
         self.max_restarts = max_restarts
@@ -359,8 +379,12 @@ class Controller:
                     task.redo_from = None
         elif isinstance(event, Rescaled):
             task = self.elastic.get(event.task)
+            if task is not None and event.in_place == "grow":
+                self._grown(task, out)
             if task is not None and event.seconds >= 0:
-                kept = task.measured_shrink_s if event.in_place else task.measured_rescale_s
+                kept = {
+                    "shrink": task.measured_shrink_s, "grow": task.measured_grow_s
+                }.get(event.in_place, task.measured_rescale_s)  # fmt: skip
                 kept.append(event.seconds)
                 del kept[:-MEASURED_KEPT]
         elif isinstance(event, FragmentReady):
@@ -415,6 +439,11 @@ class Controller:
                 fragment.shrink_deadline = None  # not done in place: again at the new size
                 self.elastic[fragment.task].state = "stopping"
                 self._stop(fragment.task, fragment.generation, "shrink not done", now, out)
+            late = fragment.grow_deadline is not None and now > fragment.grow_deadline
+            if late and fragment.joining:
+                fragment.grow_deadline = None
+                self.elastic[fragment.task].state = "stopping"
+                self._stop(fragment.task, fragment.generation, "grow not done", now, out)
             if fragment.kill_at is not None and now > fragment.kill_at:
                 fragment.kill_at = None
                 out += [
@@ -472,6 +501,38 @@ class Controller:
         task.nodes = tuple(n for n in task.nodes if n in kept)
         return ShrinkFragment(task.id, task.generation, tuple(keep))
 
+    def _grow(self, task: ElasticTask, nodes: Sequence[Node], now: float) -> GrowFragment | None:
+        """An in-place grow of ``task``'s running fragment to ``nodes`` (all of its own and
+        more): joiner launchers on the added nodes, one per pilot."""
+        fragment = self.fragments.get((task.id, task.generation))
+        if fragment is None or fragment.stop_reason is not None:
+            return None
+        if fragment.leaving or fragment.joining or not set(task.nodes) <= set(nodes):
+            return None
+        placement = _placement(n for n in nodes if n not in set(task.nodes))
+        first = len(fragment.placement)  # groups are never renumbered: keys stay unique
+        keys = {
+            fragment_key(task.id, task.generation, first + i): pilot
+            for i, (pilot, _) in enumerate(placement)
+        }
+        fragment.running.update(keys)
+        fragment.placement += placement
+        fragment.joining, fragment.grow_deadline = set(keys), now + self.handover_timeout_s
+        task.nodes = tuple(nodes)
+        return GrowFragment(task.id, task.generation, placement, first)
+
+    def _grown(self, task: ElasticTask, out: list[Command]) -> None:
+        """The task's fragment took its first step with its joiners."""
+        fragment = self.fragments.get((task.id, task.generation))
+        if fragment is not None and fragment.joining:
+            fragment.joining, fragment.grow_deadline = set(), None
+            out.append(Note("fragment_grown", _names(fragment) | {"nodes": len(task.nodes)}))
+
+    def _joining(self, task: ElasticTask) -> bool:
+        """An in-place grow of the task's fragment is under way."""
+        fragment = self.fragments.get((task.id, task.generation))
+        return fragment is not None and bool(fragment.joining)
+
     def _stop(
         self, task_id: str, generation: int, reason: str, now: float, out: list[Command]
     ) -> None:
@@ -503,6 +564,7 @@ class Controller:
         if fragment is None or key not in fragment.running:
             return False  # a stale or repeated report
         pilot = fragment.running.pop(key)
+        fragment.joining.discard(key)  # a joiner that ended before it joined: see below
         if key in fragment.leaving:
             fragment.leaving.discard(key)
             if code == 0 and not lost:  # its ranks left as asked: their nodes are free
@@ -764,9 +826,10 @@ class Controller:
             nodes, rates = task.curve(families.get(task.family))
             cost = task.rescale_cost()
             down = task.shrink_cost() if self.shrink_in_place else cost
-            # A task handing over, or shrinking in place, keeps its size at this decision: plan
+            up = task.grow_cost() if self.grow_in_place else cost
+            # A task handing over, or resizing in place, keeps its size at this decision: plan
             # around it as it is.
-            busy = task.previous or task.releasing
+            busy = task.previous or task.releasing or self._joining(task)
             lo, hi = (len(task.nodes),) * 2 if busy else (task.min_nodes, task.max_nodes)
             specs.append(
                 TaskSpec(
@@ -776,7 +839,7 @@ class Controller:
                     current_nodes=len(task.nodes),
                     nodes=nodes,
                     throughput=rates,
-                    rescale_up_s=cost,
+                    rescale_up_s=up,
                     rescale_down_s=down,
                     remaining_work=max(0.0, float(task.work - task.samples)),
                 )
@@ -816,7 +879,8 @@ class Controller:
             step = node_plan.tasks[task.id]
             # Same nodes in another order (plan sorts them by remaining life) is no rescale.
             same = set(step.nodes) == set(task.nodes)
-            if same or task.id in frozen or task.previous is not None or task.releasing:
+            busy = task.previous is not None or task.releasing or self._joining(task)
+            if same or task.id in frozen or busy:
                 continue
             added = set(step.nodes) - set(task.nodes)
             running = task.state == "running"
@@ -824,6 +888,12 @@ class Controller:
                 shrink = self._shrink(task, step.nodes, now)
                 if shrink is not None:
                     out += [shrink, Note("fragment_shrink", _shrink_names(shrink))]
+                    continue
+            if running and self.grow_in_place and added and added <= available:
+                grow = self._grow(task, step.nodes, now)
+                if grow is not None:
+                    names = {"task": task.id, "generation": task.generation}
+                    out += [grow, Note("fragment_grow", names | {"nodes": len(task.nodes)})]
                     continue
             if running and step.nodes and self.warm_rescale and added <= available:
                 old = task.previous = (task.generation, task.nodes)

@@ -54,7 +54,7 @@ from ..allocation import AllocatorSettings
 from ..providers.base import SettingError
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
-from ..training.resize import ShrinkRequest
+from ..training.resize import GrowRequest, ShrinkRequest
 from . import channel as wire
 from . import runner
 from .channel import PilotServer, write_secret
@@ -67,6 +67,7 @@ from .lifecycle import (
     Fail,
     FragmentReady,
     FragmentStarted,
+    GrowFragment,
     MarkLost,
     Note,
     PilotGone,
@@ -171,6 +172,12 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         ranks that stay train on with the state in memory, the others leave
         (:mod:`parsl_bf.training.resize`), with no checkpoint written or read. A task's own
         training loop takes it as a stop and starts again at the new size.
+    grow_in_place : bool
+        With ``warm_ranks``, grow a fragment that keeps all of its nodes in place: joiner
+        ranks start on the added nodes, and once they are set up the running ranks take them
+        in at their next step and send them the state (:mod:`parsl_bf.training.resize`), with
+        no checkpoint written or read and no rank stopped. A task's own training loop takes
+        it as a stop and starts again at the new size.
     heartbeat_timeout_s : float
         A pilot silent this long is considered gone.
     mpiexec : str
@@ -207,6 +214,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         warm_rescale: bool = True,
         warm_ranks: bool = True,
         shrink_in_place: bool = True,
+        grow_in_place: bool = True,
         heartbeat_timeout_s: float = 15.0,
         mpiexec: str | None = None,
         mpi_hosts: bool = False,
@@ -230,11 +238,15 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.min_node_life_s = min_node_life_s
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
         self.warm_rescale, self.warm_ranks = warm_rescale, warm_ranks
-        self.shrink_in_place = shrink_in_place
+        self.shrink_in_place, self.grow_in_place = shrink_in_place, grow_in_place
         # (task, generation) → its live launchers' (first rank, ranks), by placement group,
-        # numbered as the fragment's ranks are now (an in-place shrink renumbers them)
+        # numbered as the fragment's ranks are now (an in-place resize renumbers them)
         self._rank_ranges: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
-        self._shrink_asked: dict[str, float] = {}  # task → when its shrink was requested
+        # task → when its in-place resize began (a shrink's request, a grow's decision)
+        self._resize_asked: dict[str, float] = {}
+        # (task, generation) → the grow request to write once all its joiners are set up,
+        # and where
+        self._grows: dict[tuple[str, int], tuple[GrowRequest, Path]] = {}
         self._warmed: set[str] = set()  # pilots asked for standby ranks
         self._training = False  # an elastic task was submitted: standbys are worth their cost
         self._held_until: float | None = None  # the error handler's hold last logged
@@ -253,6 +265,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             max_restarts=max_restarts,
             # Each rank its own MPI job: one that leaves exits at once.
             shrink_in_place=shrink_in_place and warm_ranks,
+            grow_in_place=grow_in_place and warm_ranks,
         )
         # What arrived for the decision thread: (when, channel event or lifecycle event).
         self._inbox: queue.Queue[tuple[float, object]] = queue.Queue()
@@ -445,8 +458,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         next_tick = 0.0
         while not self._stop.is_set():
             timeout = min(0.5, max(0.0, next_tick - time.time()))
-            if self._ready:  # a successor's ready file ends a hand-over: watch it closely
+            if self._ready or self._grows:  # ready files end a hand-over, start a grow
                 timeout = min(timeout, READY_POLL_S)
+            self._request_grows()
             batch = self._drain(timeout=timeout)
             if time.time() >= next_tick:
                 next_tick = time.time() + TICK_S
@@ -596,10 +610,11 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 )
             elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
                 out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
-            elif r["event"] == "shrunk":
-                asked = self._shrink_asked.pop(task_id, None)
-                if asked is not None and r.get("first_step_at"):
-                    out.append(Rescaled(task_id, r["first_step_at"] - asked, in_place=True))
+            elif r["event"] in ("shrunk", "grown"):
+                asked = self._resize_asked.pop(task_id, None)
+                seconds = r["first_step_at"] - asked if asked and r.get("first_step_at") else -1
+                kind = "shrink" if r["event"] == "shrunk" else "grow"
+                out.append(Rescaled(task_id, seconds, in_place=kind))
             elif r["event"] == "start":
                 out.append(FragmentStarted(task_id, int(r.get("samples") or 0)))
                 if r.get("stopped_at") and r.get("first_step_at"):
@@ -608,6 +623,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                     began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
                     out.append(Rescaled(task_id, r["first_step_at"] - began))
         return out
+
+    def _request_grows(self) -> None:
+        """Write the grow request of each in-place grow whose joiners are all set up: the
+        fragment takes them in at its next step, with no wait for one that is starting."""
+        for key, (request, path) in list(self._grows.items()):
+            fragment = self.controller.fragments.get(key)
+            if fragment is None or fragment.stop_reason is not None:
+                del self._grows[key]  # it ends first: its joiners are stopped with it
+            elif request.joiners_ready():
+                del self._grows[key]
+                request.write(path)
 
     def _readiness(self) -> list[Event]:
         """Warm successors whose ready file appeared."""
@@ -627,6 +653,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             self._start_fragment(command)
         elif isinstance(command, ShrinkFragment):
             self._shrink_fragment(command)
+        elif isinstance(command, GrowFragment):
+            self._grow_fragment(command)
         elif isinstance(command, RunPlain):
             self._run_plain(command)
         elif isinstance(command, Signal):
@@ -734,7 +762,47 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         key = (shrink.task, shrink.generation)
         request, self._rank_ranges[key] = shrink_request(self._rank_ranges[key], shrink.keep)
         request.write(self._submissions[shrink.task].directory.resize(shrink.generation))
-        self._shrink_asked[shrink.task] = time.time()
+        self._resize_asked[shrink.task] = time.time()
+
+    def _grow_fragment(self, grow: GrowFragment) -> None:
+        """Start the joiners, each rank a rendezvous group after the fragment's (group 0), and
+        ask for the grow once they are set up (:meth:`_request_grows`)."""
+        task = self.controller.elastic[grow.task]
+        d = self._submissions[grow.task].directory
+        ranges = self._rank_ranges[(grow.task, grow.generation)]
+        world = sum(count for _, count in ranges.values())
+        per_node = {pilot: self._ranks_per_node(pilot) for pilot, _ in grow.placement}
+        joiners = sum(len(hosts) * per_node[pilot] for pilot, hosts in grow.placement)
+        rendezvous = d.grow(grow.generation, grow.first)
+        flags: dict[str, Any] = {
+            "checkpoint_every": self.checkpoint_every,
+            "report": d.progress,
+            "result": d.result(grow.generation),
+            "resize": d.resize(grow.generation),
+            "join": rendezvous,
+        }
+        argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
+        self._resize_asked[grow.task] = time.time()
+        offset = 0
+        for i, (pilot, hosts) in enumerate(grow.placement):
+            g, per = grow.first + i, per_node[pilot]
+            count = len(hosts) * per
+            ranges[g] = (world + offset, count)  # its ranks in the grown fragment
+            spec: dict[str, Any] = {"first": 1 + offset, "count": count, "of": 1 + joiners}
+            spec |= {"per_node": per, "mpiexec": self.mpiexec}
+            if self.mpi_hosts:
+                spec["hosts"] = [h for h in hosts for _ in range(per)]
+            env = {"PYTHONPATH": _pythonpath()}
+            if self._emulated:
+                env[environment.THREADS_PER_RANK] = "1"
+            self._launch(
+                pilot, fragment_key(grow.task, grow.generation, g), argv, env,
+                d.fragment(grow.generation), d.stream(grow.generation, g, "stdout"),
+                d.stream(grow.generation, g, "stderr"), ranks=spec,
+            )  # fmt: skip
+            offset += count
+        request = GrowRequest(str(rendezvous), 1 + joiners, of=world, to=world + joiners)
+        self._grows[(grow.task, grow.generation)] = (request, d.resize(grow.generation))
 
     def _ranks_per_node(self, pilot: str) -> int:
         """A fragment's ranks on each node of ``pilot``: one per GPU, one on CPU nodes."""

@@ -33,6 +33,7 @@ __all__ = [
     "Tick",
     "Event",
     "StartFragment",
+    "GrowFragment",
     "ShrinkFragment",
     "RunPlain",
     "Signal",
@@ -132,12 +133,12 @@ class FragmentStarted:
 @dataclass(frozen=True)
 class Rescaled:
     """A fragment took ``seconds`` from its predecessor's stop to its first step; with
-    ``in_place``, a fragment shrunk in place from the request to its first step at the new
-    size."""
+    ``in_place`` ``"shrink"`` or ``"grow"``, the task's running fragment resized in place,
+    from the decision to its first step at the new size (``seconds`` < 0: not known)."""
 
     task: str
     seconds: float
-    in_place: bool = False
+    in_place: str = ""
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,24 @@ class ShrinkFragment:
 
 
 @dataclass(frozen=True)
+class GrowFragment:
+    """Grow ``task``'s running fragment ``generation`` in place: start the joiner launchers
+    ``placement`` (its placement groups ``first``, ``first`` + 1, …; process keys
+    :func:`fragment_key`) with ``--join``, and once every joiner is set up write the grow
+    request (:mod:`parsl_bf.training.resize`). The joiners connect at the fragment's next step
+    and get its state from rank 0; from then on they are ranks of the fragment."""
+
+    task: str
+    generation: int
+    placement: Placement
+    first: int
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(hosts) for _, hosts in self.placement)
+
+
+@dataclass(frozen=True)
 class RunPlain:
     """Run plain task ``task`` on ``host`` of ``pilot`` (process key :func:`plain_key`)."""
 
@@ -252,7 +271,17 @@ class Note:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Command = StartFragment | ShrinkFragment | RunPlain | Signal | Resolve | Fail | MarkLost | Note
+Command = (
+    StartFragment
+    | ShrinkFragment
+    | GrowFragment
+    | RunPlain
+    | Signal
+    | Resolve
+    | Fail
+    | MarkLost
+    | Note
+)
 
 
 # --- process keys -----------------------------------------------------------------------------
@@ -288,10 +317,10 @@ class TaskDir:
     directory (``checkpoints/`` here, or the executor's ``checkpoint_dir/<task key>``, with
     ``outcome.json`` once it is done); each fragment has ``fragment<N>/`` with its
     ``result.json``, its ``ready`` file (a warm successor), its ``resize.json`` (an in-place
-    resize request, until rank 0 takes it), its ``rendezvous/`` (ranks of several pilots) and
-    each launcher's ``group<g>.stdout``/``.stderr``. A plain app has ``app.in`` (the packed
-    call), ``app.out`` (its outcome) and its output streams; an elastic task whose factory is
-    the app's own function has ``factory.in``.
+    resize request, until rank 0 takes it), its ``rendezvous/`` (ranks of several pilots), a
+    ``grow<g>/`` rendezvous per in-place grow and each launcher's ``group<g>.stdout``/
+    ``.stderr``. A plain app has ``app.in`` (the packed call), ``app.out`` (its outcome) and its
+    output streams; an elastic task whose factory is the app's own function has ``factory.in``.
     """
 
     path: Path
@@ -332,6 +361,11 @@ class TaskDir:
     def resize(self, generation: int) -> Path:
         """Where the fragment's ranks look for an in-place resize request."""
         return self.fragment(generation) / "resize.json"
+
+    def grow(self, generation: int, first: int) -> Path:
+        """The rendezvous of the fragment's in-place grow whose joiners start at placement
+        group ``first`` (one directory per grow)."""
+        return self.fragment(generation) / f"grow{first}"
 
     def stream(self, generation: int, group: int, name: str) -> Path:
         """A launcher's ``stdout`` or ``stderr``."""

@@ -24,7 +24,6 @@ from mpi4py import MPI
 
 __all__ = [
     "join",
-    "ready_file",
     "refuse",
     "RendezvousError",
     "RendezvousRefused",
@@ -62,12 +61,6 @@ def _wait_for(path: Path, deadline: float, what: str, should_stop=lambda: False)
         time.sleep(0.002)  # on the critical path of a fragment's start
 
 
-def ready_file(directory: str | Path, group: int) -> Path:
-    """The file a joiner group creates once it is set up (model and optimizer built): a grow
-    request is written once every joiner's is there, so the fragment never waits for one."""
-    return Path(directory) / f"ready.{group}"
-
-
 def refuse(directory: str | Path) -> None:
     """Tell the groups waiting in ``directory`` that group 0 will not take them in (a grow
     that is not done in place): they raise :class:`RendezvousRefused`."""
@@ -88,8 +81,8 @@ def join(
 
     ``base``: this group's communicator (default ``COMM_WORLD``), e.g. a running fragment's
     that takes in joiners as group 0. A group g > 0 waits for its turn at most ``timeout``
-    seconds (:class:`RendezvousTimeout`), and gives up if ``should_stop()`` or if group 0
-    refuses (:class:`RendezvousRefused`)."""
+    seconds (:class:`RendezvousTimeout`), and gives up if group 0 refuses, or if
+    ``should_stop()`` before group 0 has published its port (:class:`RendezvousRefused`)."""
     world = MPI.COMM_WORLD if base is None else base
     if groups == 1:
         return world.Dup()
@@ -110,7 +103,9 @@ def join(
                 _wait_for(port_file, deadline, what, should_stop)
                 port = port_file.read_text()
                 if group > 1 and port != REFUSED:  # our turn comes after the group before us
-                    _wait_for(d / f"joined.{group - 1}", deadline, what, should_stop)
+                    # Group 0 accepts by now, and would wait for this group for ever: a stop
+                    # is no reason to give up any more (the grown fragment stops together).
+                    _wait_for(d / f"joined.{group - 1}", deadline, what)
                     port = port_file.read_text()
             except RendezvousError as exc:
                 port = exc

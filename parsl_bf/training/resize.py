@@ -34,7 +34,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GrowRequest", "ShrinkRequest", "read_request"]
+__all__ = ["GrowRequest", "ShrinkRequest", "read_request", "ready_file"]
+
+
+def ready_file(rendezvous: str | Path, group: int) -> Path:
+    """The file a joiner group creates once it is set up (model and optimizer built): the grow
+    request is written once every joiner's is there, so the fragment never waits for one."""
+    return Path(rendezvous) / f"ready.{group}"
 
 
 def _write(path: Path, record: dict) -> None:
@@ -92,6 +98,10 @@ class GrowRequest:
         """Write the request atomically, once every joiner is set up."""
         grow = {"rendezvous": self.rendezvous, "groups": self.groups, "to": self.to}
         _write(path, {"grow": grow, "of": self.of})
+
+    def joiners_ready(self) -> bool:
+        """Every joiner group (1..groups-1) has said it is set up."""
+        return all(ready_file(self.rendezvous, g).exists() for g in range(1, self.groups))
 
     def action(self, world: int, most: int) -> str:
         """What a fragment of ``world`` ranks, whose steps have ``most`` samples, does:

@@ -45,9 +45,9 @@ from mpi4py import MPI
 from .. import environment
 from . import elastic, handover
 from .checkpoint import CheckpointError
-from .rendezvous import RendezvousError, RendezvousRefused, join, ready_file, refuse
+from .rendezvous import RendezvousError, RendezvousRefused, join, refuse
 from .reports import ReportSink, write_result
-from .resize import GrowRequest, ShrinkRequest, read_request
+from .resize import GrowRequest, ShrinkRequest, read_request, ready_file
 from .trainer import (
     ElasticTrainer,
     TrainingInputError,

@@ -106,10 +106,10 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
     assert any(e["event"] == "decision" and "pilot preempted" in e["causes"] for e in events)
 
 
-def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float):
-    """A BackfillExecutor over two emulated nodes, one-node pilots, and its config. Only one
-    pilot at first (``max_blocks=1``): a test raises it to 2 once its task trains on the
-    first, so the second pilot comes in a decision of its own."""
+def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, **options):
+    """A BackfillExecutor (with ``options``) over two emulated nodes, one-node pilots, and its
+    config. Only one pilot at first (``max_blocks=1``): a test raises it to 2 once its task
+    trains on the first, so the second pilot comes in a decision of its own."""
     from parsl.config import Config
 
     provider = LocalBackfillProvider(
@@ -131,6 +131,7 @@ def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float):
         checkpoint_every=CHECKPOINT_EVERY,
         rescale_s=2,
         heartbeat_timeout_s=10,
+        **options,
     )
     config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
     return provider, executor, config
@@ -148,8 +149,10 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
     # the machine is), so later preemptions shrink it and returning nodes grow it again. The
     # task's step is paced by its share of the batch: two ranks are faster than one whatever
     # the load, so growing always pays.
-    # tfwd 600: growing is always worth it.
-    provider, executor, config = _two_pilots(tmp_path, idle_s=60, busy_s=10, tfwd=600)
+    # tfwd 600: growing is always worth it. A grow in place would keep the fragment: off.
+    provider, executor, config = _two_pilots(
+        tmp_path, idle_s=60, busy_s=10, tfwd=600, grow_in_place=False
+    )
     train = elastic_app("tests.training_tasks:paced_digits", work=100_000, min_nodes=1, max_nodes=2)
     with parsl.load(config):
         future = train(lr=0.05, width=8, global_batch=BATCH)
@@ -181,12 +184,13 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         assert best - (r["samples"] - BATCH) < BATCH
 
 
-def test_a_task_that_gives_back_a_pilot_shrinks_in_place(tmp_path: Path, monkeypatch):
-    """Task a trains on one pilot, then grows onto a second, where it measures that it does not
-    scale (each step waits a fixed time, whatever the world size). So when task b (the same
-    training code: it borrows a's rates) comes, a gives the second node back in place: its
-    rank there leaves, the rank on its first pilot trains on in the same process, b starts on
-    the node given back, and both train every sample."""
+def test_a_task_grows_onto_a_pilot_and_gives_it_back_in_place(tmp_path: Path, monkeypatch):
+    """Task a trains on one pilot, then grows in place onto a second (a joiner rank there gets
+    the state from the running one), where it measures that it does not scale (each step
+    waits a fixed time, whatever the world size). So when task b (the same training code: it
+    borrows a's rates) comes, a gives the second node back in place: its rank there leaves,
+    the rank on its first pilot trains on in the same process, b starts on the node given
+    back, and both train every sample. a's first fragment does all of its work."""
     import parsl
 
     from parsl_bf.executor import elastic_app
@@ -221,11 +225,15 @@ def test_a_task_that_gives_back_a_pilot_shrinks_in_place(tmp_path: Path, monkeyp
     b_start = next(i for i, e in enumerate(events) if e["event"] == "fragment_start"
                    and e["task"] != a.id)  # fmt: skip
     assert shrink < shrunk < b_start  # b took the node once a's rank there had left
-    # a's fragment of that moment trained on: no start of a from the shrink to its end.
-    assert ("fragment_start", a.id) not in kinds[shrink:]
+    grow, grown = kinds.index(("fragment_grow", a.id)), kinds.index(("fragment_grown", a.id))
+    assert grow < grown < shrink
+    # One fragment of a throughout: it grew and shrank in the same processes.
+    assert kinds.count(("fragment_start", a.id)) == 1
     reports = read_reports(TaskDir.of(executor.directory, a.id).progress)
-    (report,) = [r for r in reports if r["event"] == "shrunk"]
-    assert report["world"] == 1 and report["previous_world"] == 2
+    resized = [(r["event"], r["previous_world"], r["world"]) for r in reports
+               if r["event"] in ("grown", "shrunk")]  # fmt: skip
+    assert resized == [("grown", 1, 2), ("shrunk", 2, 1)]
+    assert [r["event"] for r in reports].count("start") == 1
 
 
 @pytest.mark.parametrize("warm_ranks", [True, False])

@@ -13,8 +13,7 @@ import torch
 
 from parsl_bf.training import load_latest
 from parsl_bf.training.command import MPIEXEC
-from parsl_bf.training.rendezvous import ready_file
-from parsl_bf.training.resize import GrowRequest
+from parsl_bf.training.resize import GrowRequest, ready_file
 
 from .fragments import ROOT, env, result, run, worker_args
 

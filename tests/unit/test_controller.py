@@ -12,6 +12,7 @@ from parsl_bf.executor.lifecycle import (
     Fail,
     FragmentReady,
     FragmentStarted,
+    GrowFragment,
     MarkLost,
     Note,
     PilotGone,
@@ -19,6 +20,7 @@ from parsl_bf.executor.lifecycle import (
     PilotUp,
     ProcessExited,
     Progress,
+    Rescaled,
     Resolve,
     RunPlain,
     ShrinkFragment,
@@ -386,6 +388,7 @@ events = st.lists(
         st.tuples(st.just("plain")),
         st.tuples(st.just("exit"), st.integers(0, 7), st.sampled_from(["stopped", "done", None])),
         st.tuples(st.just("ready"), st.integers(0, 5)),
+        st.tuples(st.just("grown"), st.integers(0, 5)),
         st.tuples(st.just("tick"), st.integers(1, 200)),
     ),
     max_size=30,
@@ -422,6 +425,26 @@ events = st.lists(
     [("up", 1, 20.0), ("up", 1, None), ("elastic", 1, 1), ("leave", 1), ("exit", 0, "stopped")],
     3,
     False,
+)
+# In-place grows: a task on one pilot grows onto the next; it grows, or its joiner ends first,
+# or the grow is not done in time, or the joiner's pilot goes.
+@example(
+    [("up", 1, None), ("elastic", 1, 2), ("up", 1, 500.0), ("grown", 0), ("exit", 0, "done")]
+    + [("exit", 1, "done")],
+    1,
+    True,
+)
+@example(
+    [("up", 1, None), ("elastic", 1, 2), ("up", 1, 500.0), ("exit", 1, None)]
+    + [("exit", 0, "stopped")],
+    1,
+    True,
+)
+@example([("up", 1, None), ("elastic", 1, 2), ("up", 1, 500.0), ("tick", 150)], 1, True)
+@example(
+    [("up", 1, None), ("elastic", 1, 2), ("up", 1, 500.0), ("gone", 1), ("exit", 0, "stopped")],
+    1,
+    True,
 )
 # In-place shrinks: a poorly scaling task on two pilots gives one back to a newcomer; its
 # ranks there leave (or the shrink is not done in time).
@@ -465,11 +488,13 @@ events = st.lists(
     False,
 )
 def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
-    """Whatever happens, in batches of any size, with shrinks in place or not: no node runs
-    two tasks (but a fragment and its warm successor), starts are within bounds and on
-    pilots not leaving, every signal goes to a live process, each future is set at most
-    once, and a task whose future is set never starts again."""
-    c = _controller(time_limit=5, min_node_life_s=30, shrink_in_place=in_place)
+    """Whatever happens, in batches of any size, with in-place shrinks and grows or not: no
+    node runs two tasks (but a fragment and its warm successor), starts and grows are within
+    bounds and on pilots not leaving, every signal goes to a live process, each future is set
+    at most once, and a task whose future is set never starts or grows again."""
+    c = _controller(
+        time_limit=5, min_node_life_s=30, shrink_in_place=in_place, grow_in_place=in_place
+    )
     now, n = NOW, 0
     pilots: list[str] = []
     owner: dict[str, set[tuple[str, int]]] = {}  # node → (task, generation) running there
@@ -494,6 +519,19 @@ def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
                     hosts[fragment_key(cmd.task, cmd.generation, g)] = [
                         f"{pilot}/{h}" for h in names
                     ]
+            elif isinstance(cmd, GrowFragment):
+                assert cmd.task not in settled, f"{cmd.task} grew after its future was set"
+                task = c.elastic[cmd.task]
+                assert len(task.nodes) <= task.max_nodes
+                for g, (pilot, names) in enumerate(cmd.placement, start=cmd.first):
+                    assert not c.pilots[pilot].leaving
+                    key = fragment_key(cmd.task, cmd.generation, g)
+                    assert key not in live, f"{key} launched twice"
+                    live[key] = pilot
+                    hosts[key] = [f"{pilot}/{h}" for h in names]
+                    for node in hosts[key]:
+                        assert not owner.get(node), f"{node}: {cmd.task} and {owner[node]}"
+                        owner.setdefault(node, set()).add((cmd.task, cmd.generation))
             elif isinstance(cmd, ShrinkFragment):
                 assert 0 in cmd.keep
                 groups = {k for k in live if k.split("#")[:2] == [cmd.task, str(cmd.generation)]}
@@ -562,6 +600,10 @@ def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
         elif kind == "ready" and c.handovers:
             task_id, gen = sorted(c.handovers)[ev[1] % len(c.handovers)]
             batch.append(FragmentReady(task_id, gen))
+        elif kind == "grown":
+            joining = sorted(t for (t, _), f in c.fragments.items() if f.joining)
+            if joining:
+                batch.append(Rescaled(joining[ev[1] % len(joining)], 0.5, in_place="grow"))
         elif kind == "tick":
             now += ev[1]
             batch.append(Tick())
@@ -701,3 +743,70 @@ def test_a_shrink_may_give_back_rank_0s_pilot() -> None:
     shrink = c._shrink(c.elastic["a"], ["p2/n2"], NOW + 1)
     assert shrink is not None and shrink.keep == (1,)
     assert c.elastic["a"].nodes == ("p2/n2",) and c.elastic["a"].releasing == ("p1/n1",)
+
+
+def _growing() -> tuple[Controller, StartFragment, GrowFragment]:
+    """Task a (linear scaling) on p1's node; p2 comes up, and a grows onto it in place."""
+    c = _controller(grow_in_place=True)
+    a = ElasticTask("a", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    a.scaling = {1: 100.0, 2: 200.0}
+    (start,) = _of(StartFragment, c.handle([TaskSubmitted(a), _up("p1", "n1")], NOW))
+    out = c.handle([_up("p2", "n2", ends_at=NOW + 1000)], NOW + 1)
+    (grow,) = _of(GrowFragment, out)
+    assert not _of(StartFragment, out) and not _terms(out)  # no successor, no stop
+    assert "fragment_grow" in _notes(out)
+    return c, start, grow
+
+
+def test_a_grow_that_keeps_every_node_is_done_in_place() -> None:
+    c, start, grow = _growing()
+    assert (grow.task, grow.generation, grow.first) == ("a", 1, 1)
+    assert grow.placement == (("p2", ("n2",)),)
+    a = c.elastic["a"]
+    assert a.nodes == ("p1/n1", "p2/n2") and a.generation == 1  # the same fragment, larger
+    assert set(c.fragments[("a", 1)].running) == {fragment_key("a", 1, g) for g in (0, 1)}
+    # While the joiner joins, the task keeps its size: no other rescale is decided.
+    out = c.handle([_up("p3", "n3")], NOW + 2)
+    assert not _of(StartFragment, out) and not _of(GrowFragment, out) and not _terms(out)
+    # Its first step at the new size: grown, and the cost measured is the allocator's R_up.
+    out = c.handle([Rescaled("a", 0.4, in_place="grow")], NOW + 3)
+    assert "fragment_grown" in _notes(out) and not c.fragments[("a", 1)].joining
+    assert a.measured_grow_s == [0.4] and a.grow_cost() == 0.4
+    assert not _terms(c.handle([Tick()], NOW + 3 + c.handover_timeout_s + 1))  # no deadline
+    # Done: every launcher, the joiner's too, exits; the task resolves once.
+    done = {"status": "done", "samples": 10**9}
+    exits = [ProcessExited(p, fragment_key("a", 1, g), 0, done) for g, p in ((1, "p2"), (0, "p1"))]
+    out = c.handle(exits, NOW + 4)
+    assert [r.task for r in _of(Resolve, out)] == ["a"]
+
+
+def test_a_grow_not_done_in_time_stops_the_fragment() -> None:
+    c, start, grow = _growing()
+    assert not _terms(c.handle([Tick()], NOW + 2))
+    out = c.handle([Tick()], NOW + 1 + c.handover_timeout_s + 1)
+    assert _terms(out) == {("p1", fragment_key("a", 1, 0)), ("p2", fragment_key("a", 1, 1))}
+    assert c.elastic["a"].state == "stopping"
+    assert any(n.fields.get("reason") == "grow not done" for n in _of(Note, out))
+
+
+def test_a_joiner_that_ends_before_it_joined_stops_the_fragment_which_restarts() -> None:
+    # A joiner refused (the trainer could not grow in place) or failed: the fragment's ranks
+    # stop, and the task starts again at the decided size from the checkpoint.
+    c, start, grow = _growing()
+    out = c.handle([ProcessExited("p2", fragment_key("a", 1, 1), 0, None)], NOW + 2)
+    assert _terms(out) == {("p1", fragment_key("a", 1, 0))}
+    stopped = {"status": "stopped", "samples": 640}
+    out = c.handle([ProcessExited("p1", fragment_key("a", 1, 0), 0, stopped)], NOW + 3)
+    (again,) = _of(StartFragment, out)
+    assert again.generation == 2 and sorted(_nodes(again)) == ["p1/n1", "p2/n2"]
+    assert c.elastic["a"].samples == 640 and c.elastic["a"].restarts == 0  # not a failure
+
+
+def test_a_grow_is_not_done_in_place_when_it_is_off() -> None:
+    c = _controller(grow_in_place=False)
+    a = ElasticTask("a", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    a.scaling = {1: 100.0, 2: 200.0}
+    c.handle([TaskSubmitted(a), _up("p1", "n1")], NOW)
+    out = c.handle([_up("p2", "n2", ends_at=NOW + 1000)], NOW + 1)
+    assert not _of(GrowFragment, out)
+    assert [s.after for s in _of(StartFragment, out)] == [1]  # a warm hand-over instead
