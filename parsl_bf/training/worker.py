@@ -45,7 +45,7 @@ from mpi4py import MPI
 from .. import environment
 from . import elastic, handover
 from .checkpoint import CheckpointError
-from .rendezvous import RendezvousError, RendezvousRefused, join, refuse
+from .rendezvous import RendezvousError, join, refuse
 from .reports import ReportSink, write_result
 from .resize import GrowRequest, ShrinkRequest, read_request, ready_file
 from .trainer import (
@@ -126,6 +126,10 @@ class ResizePoll:
 
 class StoppedInStandby(Exception):
     """Asked to stop while waiting for ``--after``: nothing was loaded or trained."""
+
+
+class NotTakenIn(Exception):
+    """A joiner that the running fragment did not take in (:mod:`.resize`): it leaves."""
 
 
 def _standby(
@@ -301,7 +305,10 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     def join_grown(base: MPI.Intracomm) -> MPI.Intracomm:
         """A joiner's wait for its turn, and the grown fragment's communicator."""
         should_stop = lambda: stop["asked"]  # noqa: E731
-        return join(args.join, args.group, args.groups, args.after_timeout, base, should_stop)
+        try:
+            return join(args.join, args.group, args.groups, args.after_timeout, base, should_stop)
+        except RendezvousError as exc:  # refused, stopped or timed out before its turn
+            raise NotTakenIn(str(exc)) from None
 
     def loop_before_load() -> handover.Receiver | None:
         received = before_load()
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
             # A task's own loop cannot take joiners in: its fragment stops at the request and
             # refuses them. This rank waits for that, and leaves without training.
             join_grown(comm)
-            raise RendezvousRefused(f"{args.task}: a training loop does not grow in place")
+            raise NotTakenIn(f"{args.task}: a training loop does not grow in place")
         return received
 
     trainer = task = None
@@ -367,9 +374,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
             print(f"parsl_bf.training.worker: error: {exc}", file=sys.stderr)
             _error_result(args.result, f"{type(exc).__name__}: {exc}")
         return 2
-    except RendezvousError:
-        if not joining:
-            raise  # the start of a fragment of several launchers: a failure, as below
+    except NotTakenIn:
         # A joiner that was not taken in (the grow was not done in place) has nothing to do.
         outcome = TrainOutcome("left", 0, 0, comm.size, None, None)
     except BaseException as exc:
