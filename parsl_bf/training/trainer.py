@@ -378,7 +378,7 @@ class ElasticTrainer:
             # A joiner: the running fragment takes this rank in and sends its state.
             comm = self.comm = self.join(comm)
             rank, world = comm.rank, comm.size
-            found = None, self._grow_state(comm, None)
+            found = None, self._grow_state(comm, None, joiner=True)
             if world > 1:
                 grads = FlatGradients(params, device=device)
             if synced:
@@ -546,7 +546,7 @@ class ElasticTrainer:
                 comm = self.comm = join(grow.rendezvous, 0, grow.groups, base=comm)
                 times["connected_at"] = time.time()
                 state = self._state(saved, samples, steps, None) if rank == 0 else None
-                self._grow_state(comm, state)
+                self._grow_state(comm, state, joiner=False)
                 self._check_same_model(params)  # on the grown communicator, with the joiners
             else:
                 # Shrink in place: the kept ranks go on with everything in memory. Only rank 0
@@ -609,12 +609,14 @@ class ElasticTrainer:
         kept = None if request is None else request.kept(world)
         return "stop" if kept == [] else kept
 
-    def _grow_state(self, comm: MPI.Intracomm, state: dict[str, Any] | None) -> dict | None:
+    def _grow_state(
+        self, comm: MPI.Intracomm, state: dict[str, Any] | None, joiner: bool
+    ) -> dict | None:
         """Over a grown communicator: rank 0 (a running rank, with its ``state``) sends it to
-        the ranks that joined (``state`` None), which return it; collective on every rank.
-        Sent as the bytes of a checkpoint (``weights_only`` to read) by one broadcast among
-        rank 0 and the joiners only: the running ranks hold the state already."""
-        joiner = self.join is not None
+        the ranks that join now (``joiner``), which return it; collective on every rank. (A
+        rank that joined at an earlier grow is a running rank at this one.) Sent as the bytes
+        of a checkpoint (``weights_only`` to read) by one broadcast among rank 0 and the
+        joiners only: the running ranks hold the state already."""
         sub = comm.Split(0 if comm.rank == 0 or joiner else MPI.UNDEFINED, key=comm.rank)
         if sub == MPI.COMM_NULL:
             return None

@@ -4,6 +4,7 @@ its state by broadcast; real mpiexec ranks and the digits example."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +22,10 @@ pytestmark = pytest.mark.slow
 
 
 def _reports(tmp: Path) -> list[dict]:
-    return [json.loads(line) for line in (tmp / "report.jsonl").read_text().splitlines()]
+    """The complete report lines so far (one being written is left for the next look)."""
+    path = tmp / "report.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line) for line in lines if line]
 
 
 def _joiner(tmp: Path, rdv: Path, work: int, group: int, groups: int, **flags):
@@ -72,6 +76,49 @@ def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> No
     a, b = load_latest(whole / "ckpt")["model"], load_latest(grown / "ckpt")["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_running_fragment_grows_twice_while_it_trains(
+    tmp_path: Path,
+) -> None:
+    """1 rank grows to 2, then to 3, on requests written while it trains: at the second grow
+    the rank that joined at the first is a running rank like rank 0. Then a stop: every rank
+    checkpoints and exits 0, and the result is rank 0's."""
+    request = tmp_path / "resize.json"
+    fragment = subprocess.Popen(
+        [MPIEXEC, "-n", "1", *worker_args(tmp_path, 10**9, resize=request)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    joiners = []
+    try:
+        for world in (1, 2):
+            rdv = tmp_path / f"grow{world}"
+            joiners.append(_joiner(tmp_path, rdv, 10**9, group=1, groups=2, resize=request))
+            _until(lambda rdv=rdv: ready_file(rdv, 1).exists())
+            GrowRequest(str(rdv), groups=2, of=world, to=world + 1).write(request)
+            _until(lambda world=world: any(
+                r["event"] == "grown" and r["world"] == world + 1 for r in _reports(tmp_path)
+            ))  # fmt: skip
+        grown = max(r["samples"] for r in _reports(tmp_path))
+        _until(lambda: any(
+            r["event"] == "step" and r["world"] == 3 and r["samples"] > grown
+            for r in _reports(tmp_path)
+        ))  # fmt: skip
+        fragment.send_signal(signal.SIGTERM)  # the ranks agree on it in the next step
+        for proc in (fragment, *joiners):
+            assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    finally:
+        for proc in (fragment, *joiners):
+            if proc.poll() is None:
+                proc.kill()
+    out = result(tmp_path)
+    assert out["status"] == "stopped" and out["world"] == 3
+    events = [r["event"] for r in _reports(tmp_path)]
+    assert events.count("start") == 1 and events.count("grown") == 2
 
 
 def test_a_grow_that_cannot_be_done_in_place_stops_and_its_joiner_leaves(tmp_path: Path) -> None:
