@@ -710,12 +710,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             per = per_node[pilot]
             count = len(hosts) * per
             ranges[g] = (first, count)
-            flags: dict[str, Any] = {
-                "checkpoint_every": self.checkpoint_every,
-                "report": d.progress,
-                "result": d.result(start.generation),
-                "resize": d.resize(start.generation),
-            }
+            flags = self._fragment_flags(d, start.generation)
             if self.warm_ranks and ranks > 1:  # every rank its own group
                 flags["rendezvous"] = d.rendezvous(start.generation)
             elif groups > 1:
@@ -728,24 +723,15 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 flags |= {"after": d.result(start.after), "ready": d.ready(start.generation)}
             argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
             rank_spec = None
-            env = {"PYTHONPATH": _pythonpath()}
+            env = {}
             if self.warm_ranks:  # the agent starts each rank, on a standby if it has one
-                rank_spec = {"first": first, "count": count, "of": ranks, "per_node": per}
-                rank_spec["mpiexec"] = self.mpiexec
-                if self.mpi_hosts:
-                    rank_spec["hosts"] = [h for h in hosts for _ in range(per)]
+                rank_spec = self._rank_spec(first, count, ranks, per, hosts)
             else:  # a rank's place on its node is Hydra's MPI_LOCALRANKID
                 hosts_ = hosts if self.mpi_hosts else None
                 argv = mpiexec_argv(count, hosts_, self.mpiexec, per) + argv
                 env[environment.LOCAL_RANKS] = str(per)
             first += count
-            if self._emulated:
-                env[environment.THREADS_PER_RANK] = "1"
-            self._launch(
-                pilot, fragment_key(start.task, start.generation, g), argv, env,
-                d.fragment(start.generation), d.stream(start.generation, g, "stdout"),
-                d.stream(start.generation, g, "stderr"), ranks=rank_spec,
-            )  # fmt: skip
+            self._launch_group(start.task, start.generation, g, pilot, argv, env, rank_spec)
         if start.after is not None:
             self._ready[(start.task, start.generation)] = d.ready(start.generation)
         self.event_log.emit(
@@ -774,13 +760,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         per_node = {pilot: self._ranks_per_node(pilot) for pilot, _ in grow.placement}
         joiners = sum(len(hosts) * per_node[pilot] for pilot, hosts in grow.placement)
         rendezvous = d.grow(grow.generation, grow.first)
-        flags: dict[str, Any] = {
-            "checkpoint_every": self.checkpoint_every,
-            "report": d.progress,
-            "result": d.result(grow.generation),
-            "resize": d.resize(grow.generation),
-            "join": rendezvous,
-        }
+        flags = self._fragment_flags(d, grow.generation) | {"join": rendezvous}
         argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
         self._resize_asked[grow.task] = time.time()
         offset = 0
@@ -788,21 +768,48 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             g, per = grow.first + i, per_node[pilot]
             count = len(hosts) * per
             ranges[g] = (world + offset, count)  # its ranks in the grown fragment
-            spec: dict[str, Any] = {"first": 1 + offset, "count": count, "of": 1 + joiners}
-            spec |= {"per_node": per, "mpiexec": self.mpiexec}
-            if self.mpi_hosts:
-                spec["hosts"] = [h for h in hosts for _ in range(per)]
-            env = {"PYTHONPATH": _pythonpath()}
-            if self._emulated:
-                env[environment.THREADS_PER_RANK] = "1"
-            self._launch(
-                pilot, fragment_key(grow.task, grow.generation, g), argv, env,
-                d.fragment(grow.generation), d.stream(grow.generation, g, "stdout"),
-                d.stream(grow.generation, g, "stderr"), ranks=spec,
-            )  # fmt: skip
+            # Ranks of the joiners' own world: the fragment is its rank 0 (group 0).
+            spec = self._rank_spec(1 + offset, count, 1 + joiners, per, hosts)
+            self._launch_group(grow.task, grow.generation, g, pilot, argv, {}, spec)
             offset += count
         request = GrowRequest(str(rendezvous), 1 + joiners, of=world, to=world + joiners)
         self._grows[(grow.task, grow.generation)] = (request, d.resize(grow.generation))
+
+    def _fragment_flags(self, d: TaskDir, generation: int) -> dict[str, Any]:
+        """The worker flags every rank of a fragment takes, whatever its way in."""
+        return {
+            "checkpoint_every": self.checkpoint_every,
+            "report": d.progress,
+            "result": d.result(generation),
+            "resize": d.resize(generation),
+        }
+
+    def _rank_spec(
+        self, first: int, count: int, of: int, per_node: int, hosts: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The agent's spec of a group of warm ranks (:mod:`.ranks`): ``count`` ranks from
+        ``first`` of a world of ``of``, ``per_node`` on each of ``hosts``."""
+        spec: dict[str, Any] = {"first": first, "count": count, "of": of, "per_node": per_node}
+        spec["mpiexec"] = self.mpiexec
+        if self.mpi_hosts:
+            spec["hosts"] = [h for h in hosts for _ in range(per_node)]
+        return spec
+
+    def _launch_group(
+        self, task: str, generation: int, group: int, pilot: str, argv: list[str],
+        env: dict[str, str], ranks: dict[str, Any] | None,
+    ) -> None:  # fmt: skip
+        """Launch one placement group of a fragment on ``pilot``, its streams in the task's
+        directory."""
+        d = self._submissions[task].directory
+        env = {"PYTHONPATH": _pythonpath()} | env
+        if self._emulated:  # emulated nodes share the cores: a thread each
+            env[environment.THREADS_PER_RANK] = "1"
+        self._launch(
+            pilot, fragment_key(task, generation, group), argv, env, d.fragment(generation),
+            d.stream(generation, group, "stdout"), d.stream(generation, group, "stderr"),
+            ranks=ranks,
+        )  # fmt: skip
 
     def _ranks_per_node(self, pilot: str) -> int:
         """A fragment's ranks on each node of ``pilot``: one per GPU, one on CPU nodes."""

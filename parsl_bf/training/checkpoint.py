@@ -245,12 +245,13 @@ def save_checkpoint(
     return final
 
 
-def state_bytes(state: dict[str, Any]) -> bytearray:
+def state_bytes(state: dict[str, Any]) -> memoryview:
     """``state`` serialised as a checkpoint stores it (loadable with ``weights_only=True``), in
-    memory: what a grow in place broadcasts to its joiners (:func:`state_from_bytes`)."""
+    memory: what a grow in place broadcasts to its joiners (:func:`state_from_bytes`). A view
+    of the serialised bytes, not a copy: a model's state can be hundreds of megabytes."""
     buffer = io.BytesIO()
     torch.save(_encode(state, ""), buffer)
-    return bytearray(buffer.getbuffer())
+    return buffer.getbuffer()
 
 
 def state_from_bytes(data: bytes | bytearray | memoryview) -> dict[str, Any]:

@@ -66,13 +66,6 @@ class ShrinkRequest:
         """Write the request atomically (the ranks look for it at the end of a step)."""
         _write(path, {"keep": list(self.keep), "of": self.of})
 
-    @classmethod
-    def read(cls, path: Path | None) -> ShrinkRequest:
-        """The shrink request in ``path``; one that keeps no rank (a stop) if there is none or
-        it is not one."""
-        request = read_request(path)
-        return request if isinstance(request, ShrinkRequest) else cls((), None)
-
     def kept(self, world: int) -> list[int] | None:
         """What a fragment of ``world`` ranks does: the ranks it keeps; [] to stop instead (not
         possible in place); None to drop the request (made for another size)."""

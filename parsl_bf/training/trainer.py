@@ -621,7 +621,7 @@ class ElasticTrainer:
         if sub == MPI.COMM_NULL:
             return None
         try:
-            data = state_bytes(state) if sub.rank == 0 and state is not None else bytearray()
+            data = state_bytes(state) if sub.rank == 0 and state is not None else memoryview(b"")
             size = sub.bcast(len(data), root=0)
             buffer = data if sub.rank == 0 else bytearray(size)
             sub.Bcast([buffer, MPI.BYTE], root=0)

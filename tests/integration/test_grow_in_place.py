@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,17 +29,27 @@ def _reports(tmp: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line]
 
 
-def _joiner(tmp: Path, rdv: Path, work: int, group: int, groups: int, **flags):
-    """A joiner rank: its own mpiexec, as the executor launches it on a new pilot."""
-    argv = worker_args(tmp, work, join=rdv, group=group, groups=groups, **flags)
-    return subprocess.Popen(
-        [MPIEXEC, "-n", "1", *argv],
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+Launch = Callable[..., subprocess.Popen]
+
+
+@pytest.fixture
+def launch() -> Iterator[Launch]:
+    """``launch(tmp, work, **worker flags) -> Popen``: one rank, its own ``mpiexec -n 1`` as
+    the executor's warm ranks are; any still running after the test are killed, so that a
+    failed assertion leaves no rank training."""
+    procs: list[subprocess.Popen] = []
+
+    def start(tmp: Path, work: int, **flags) -> subprocess.Popen:
+        argv = [MPIEXEC, "-n", "1", *worker_args(tmp, work, **flags)]
+        out = dict(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env(), **out))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _until(pred, timeout: float = 300) -> None:
@@ -48,7 +59,7 @@ def _until(pred, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
-def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path, launch) -> None:
     """2 ranks to 640 samples, then a third joins and gets the state from rank 0: the same
     samples and model as 3 ranks throughout, with no restart and no checkpoint read."""
     whole, grown = tmp_path / "whole", tmp_path / "grown"
@@ -56,16 +67,12 @@ def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     grown.mkdir()
     rdv, request = grown / "rdv", grown / "resize.json"
-    joiner = _joiner(grown, rdv, 2500, group=1, groups=2, resize=request)
-    try:
-        _until(lambda: ready_file(rdv, 1).exists())  # set up, before the request is written
-        GrowRequest(str(rdv), groups=2, of=2, to=3).write(request)
-        done = run(2, grown, 2500, resize=request, resize_at=640)
-        assert done.returncode == 0, done.stderr
-        assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
-    finally:
-        if joiner.poll() is None:
-            joiner.kill()
+    joiner = launch(grown, 2500, join=rdv, group=1, groups=2, resize=request)
+    _until(lambda: ready_file(rdv, 1).exists())  # set up, before the request is written
+    GrowRequest(str(rdv), groups=2, of=2, to=3).write(request)
+    done = run(2, grown, 2500, resize=request, resize_at=640)
+    assert done.returncode == 0, done.stderr
+    assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
     out = result(grown)
     assert out["status"] == "done" and out["samples"] == 2500 and out["world"] == 3
     events = [(r["event"], r.get("world")) for r in _reports(grown)]
@@ -78,82 +85,62 @@ def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> No
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 
 
-def test_a_running_fragment_grows_twice_while_it_trains(
-    tmp_path: Path,
-) -> None:
+def test_a_running_fragment_grows_twice_while_it_trains(tmp_path: Path, launch) -> None:
     """1 rank grows to 2, then to 3, on requests written while it trains: at the second grow
     the rank that joined at the first is a running rank like rank 0. Then a stop: every rank
     checkpoints and exits 0, and the result is rank 0's."""
     request = tmp_path / "resize.json"
-    fragment = subprocess.Popen(
-        [MPIEXEC, "-n", "1", *worker_args(tmp_path, 10**9, resize=request)],
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    fragment = launch(tmp_path, 10**9, resize=request)
     joiners = []
-    try:
-        for world in (1, 2):
-            rdv = tmp_path / f"grow{world}"
-            joiners.append(_joiner(tmp_path, rdv, 10**9, group=1, groups=2, resize=request))
-            _until(lambda rdv=rdv: ready_file(rdv, 1).exists())
-            GrowRequest(str(rdv), groups=2, of=world, to=world + 1).write(request)
-            _until(lambda world=world: any(
-                r["event"] == "grown" and r["world"] == world + 1 for r in _reports(tmp_path)
-            ))  # fmt: skip
-        grown = max(r["samples"] for r in _reports(tmp_path))
-        _until(lambda: any(
-            r["event"] == "step" and r["world"] == 3 and r["samples"] > grown
-            for r in _reports(tmp_path)
+    for world in (1, 2):
+        rdv = tmp_path / f"grow{world}"
+        joiners.append(launch(tmp_path, 10**9, join=rdv, group=1, groups=2, resize=request))
+        _until(lambda rdv=rdv: ready_file(rdv, 1).exists())
+        GrowRequest(str(rdv), groups=2, of=world, to=world + 1).write(request)
+        _until(lambda world=world: any(
+            r["event"] == "grown" and r["world"] == world + 1 for r in _reports(tmp_path)
         ))  # fmt: skip
-        fragment.send_signal(signal.SIGTERM)  # the ranks agree on it in the next step
-        for proc in (fragment, *joiners):
-            assert proc.wait(timeout=300) == 0, proc.stderr.read()
-    finally:
-        for proc in (fragment, *joiners):
-            if proc.poll() is None:
-                proc.kill()
+    grown = max(r["samples"] for r in _reports(tmp_path))
+    _until(lambda: any(
+        r["event"] == "step" and r["world"] == 3 and r["samples"] > grown
+        for r in _reports(tmp_path)
+    ))  # fmt: skip
+    fragment.send_signal(signal.SIGTERM)  # the ranks agree on it in the next step
+    for proc in (fragment, *joiners):
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
     out = result(tmp_path)
     assert out["status"] == "stopped" and out["world"] == 3
     events = [r["event"] for r in _reports(tmp_path)]
     assert events.count("start") == 1 and events.count("grown") == 2
 
 
-def test_a_grow_that_cannot_be_done_in_place_stops_and_its_joiner_leaves(tmp_path: Path) -> None:
+def test_a_grow_that_cannot_be_done_in_place_stops_and_its_joiner_leaves(
+    tmp_path: Path, launch
+) -> None:
     """A grow to more ranks than a step has samples: the fragment checkpoints and stops (the
     executor then starts the new size from the checkpoint); the joiner is told, and exits 0
     without training."""
     rdv, request = tmp_path / "rdv", tmp_path / "resize.json"
-    joiner = _joiner(tmp_path, rdv, 2500, group=1, groups=2)
-    try:
-        _until(lambda: ready_file(rdv, 1).exists())
-        GrowRequest(str(rdv), groups=2, of=1, to=65).write(request)  # 64 samples a step
-        done = run(1, tmp_path, 2500, resize=request, resize_at=320)
-        assert done.returncode == 0, done.stderr
-        assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
-    finally:
-        if joiner.poll() is None:
-            joiner.kill()
+    joiner = launch(tmp_path, 2500, join=rdv, group=1, groups=2)
+    _until(lambda: ready_file(rdv, 1).exists())
+    GrowRequest(str(rdv), groups=2, of=1, to=65).write(request)  # 64 samples a step
+    done = run(1, tmp_path, 2500, resize=request, resize_at=320)
+    assert done.returncode == 0, done.stderr
+    assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
     out = result(tmp_path)
     assert out["status"] == "stopped" and out["world"] == 1 and out["samples"] == 320
     assert [r["event"] for r in _reports(tmp_path)].count("start") == 1  # the joiner never did
 
 
-def test_a_fragment_that_ends_before_the_grow_lets_its_joiner_go(tmp_path: Path) -> None:
+def test_a_fragment_that_ends_before_the_grow_lets_its_joiner_go(tmp_path: Path, launch) -> None:
     """A grow asked of a fragment that finishes its work first (it looks for the request only
     past its end): the fragment ends done, and the joiner waiting at the rendezvous is told
     and exits 0."""
     rdv, request = tmp_path / "rdv", tmp_path / "resize.json"
-    joiner = _joiner(tmp_path, rdv, 640, group=1, groups=2)
-    try:
-        _until(lambda: ready_file(rdv, 1).exists())
-        GrowRequest(str(rdv), groups=2, of=1, to=2).write(request)
-        done = run(1, tmp_path, 640, resize=request, resize_at=10**9)
-        assert done.returncode == 0, done.stderr
-        assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
-    finally:
-        if joiner.poll() is None:
-            joiner.kill()
+    joiner = launch(tmp_path, 640, join=rdv, group=1, groups=2)
+    _until(lambda: ready_file(rdv, 1).exists())
+    GrowRequest(str(rdv), groups=2, of=1, to=2).write(request)
+    done = run(1, tmp_path, 640, resize=request, resize_at=10**9)
+    assert done.returncode == 0, done.stderr
+    assert joiner.wait(timeout=300) == 0, joiner.stderr.read()
     assert result(tmp_path)["status"] == "done" and not request.exists()  # taken, refused

@@ -26,16 +26,16 @@ from parsl_bf.training.resize import GrowRequest, ShrinkRequest, read_request
 def test_what_a_request_asks_of_a_fragment(tmp_path: Path, text: str, world: int, kept) -> None:
     path = tmp_path / "resize.json"
     path.write_text(text)
-    assert ShrinkRequest.read(path).kept(world) == kept
+    assert read_request(path).kept(world) == kept
 
 
 def test_a_written_request_reads_back_and_a_missing_one_is_a_stop(tmp_path: Path) -> None:
     path = tmp_path / "resize.json"
     ShrinkRequest((0, 3), of=4).write(path)
-    assert ShrinkRequest.read(path) == ShrinkRequest((0, 3), of=4)
+    assert read_request(path) == ShrinkRequest((0, 3), of=4)
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left
-    assert ShrinkRequest.read(tmp_path / "missing").kept(4) == []
-    assert ShrinkRequest.read(None).kept(1) == []
+    assert read_request(tmp_path / "missing").kept(4) == []
+    assert read_request(None).kept(1) == []
 
 
 def test_the_executor_numbers_a_second_shrink_as_the_ranks_are_then() -> None:

@@ -441,6 +441,21 @@ def test_the_state_round_trips_in_weights_only_form(tmp_path) -> None:
     assert (np.random.rand(), random.random(), float(torch.rand(1))) == expected
 
 
+def test_the_state_a_grow_broadcasts_round_trips_and_never_runs_a_pickle(tmp_path) -> None:
+    model = _net()
+    state = {"model": model.state_dict(), "user_state": {"order": np.arange(5)}, "samples": 64}
+    received = bytearray(ckpt.state_bytes(state))  # what a joiner's Bcast fills
+    back = ckpt.state_from_bytes(received)
+    assert back["samples"] == 64 and back["user_state"]["order"].tolist() == list(range(5))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back["model"][name], tensor)
+    forged = io.BytesIO()
+    torch.save({"model": _Payload(tmp_path / "M")}, forged)
+    with pytest.raises(pickle.UnpicklingError):
+        ckpt.state_from_bytes(forged.getvalue())
+    assert not (tmp_path / "M").exists()
+
+
 def test_a_state_that_cannot_load_weights_only_is_refused_when_saving(tmp_path) -> None:
     with pytest.raises(TypeError, match=r"checkpoint state\['user_state'\]\['x'\]: a .*_Payload"):
         save_checkpoint(tmp_path, {"user_state": {"x": _Payload(tmp_path / "M")}}, 64)
