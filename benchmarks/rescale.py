@@ -264,10 +264,19 @@ class Fragment:
         found: dict[str, dict] = {}
 
         def seen() -> bool:
-            for r in reports(self.dir):
-                if r["event"] == event or event in found:
-                    found.setdefault(r["event"], r)
-            return event in found and "step" in found
+            # The step report must come after the event in the file: one from before it (a
+            # fragment resized in place reports steps at its old size first) is no step of
+            # the new size.
+            lines = reports(self.dir)
+            at = next((i for i, r in enumerate(lines) if r["event"] == event), None)
+            step = (
+                None
+                if at is None
+                else next((r for r in lines[at + 1 :] if r["event"] == "step"), None)
+            )
+            if step is not None:
+                found[event], found["step"] = lines[at], step
+            return step is not None
 
         wait_until(seen, poll=0.01, check=self.check)
         return found[event], found["step"]
@@ -376,6 +385,8 @@ def measure_in_place(
     why = []
     if first < 0:
         why.append("first step before the decision")
+    if steps <= 0:
+        why.append("no step at the new size in the step time")
     if out["old_stopped_s"] < 0:
         why.append("resize agreed on before the decision")
     if step_s <= 0:

@@ -507,7 +507,7 @@ def _checks(side: str, r: dict, expected_samples: int, world: int, threads: int)
 
 
 def _threads(ranks: int) -> int:
-    """As the worker's _share_cores sets them (one node: all ranks local)."""
+    """As parsl_bf.training.trainer.share_cores sets them (one node: all ranks local)."""
     override = os.environ.get("PARSL_BF_THREADS_PER_RANK")
     return int(override) if override else max(1, (os.cpu_count() or 1) // ranks)
 

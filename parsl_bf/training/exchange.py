@@ -128,7 +128,22 @@ def quiet_barrier(comm: MPI.Comm, poll_s: float = 0.002) -> None:
         time.sleep(poll_s)
 
 
+#: An integer type of each element size, to read a parameter's elements as their bit patterns.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def fingerprint(params: list[torch.nn.Parameter]) -> np.ndarray:
-    """A cheap digest of parameter values, to check that ranks start from the same model."""
+    """A cheap digest of parameter values, to check that ranks start from the same model: for
+    each parameter, the sum of its elements' bit patterns as integers. Integer addition is
+    associative, so the digest is exact whatever the order of the reduction. A floating-point
+    sum is not: two ranks with different thread counts (a joiner alone on its node and a rank
+    that shares one) can round the same values differently."""
+    sums = []
     with torch.no_grad():
-        return np.array([float(p.double().sum()) for p in params] + [len(params)], dtype=np.float64)
+        for p in params:
+            t = p.detach()
+            if t.is_complex():
+                t = torch.view_as_real(t)
+            bits = t.view(_BITS[t.element_size()])
+            sums.append(int(bits.sum(dtype=torch.int64)))  # wraps past 2**63: still exact
+    return np.array([*sums, len(params)], dtype=np.int64)

@@ -242,6 +242,27 @@ def node_position(comm: MPI.Comm) -> tuple[int, int]:
         local.Free()
 
 
+def share_cores(comm: MPI.Comm, resized: bool = False) -> int:
+    """Split this node's cores among the ranks of ``comm`` on it (one intra-op thread pool per
+    rank would oversubscribe the node); returns this rank's threads.
+
+    ``PARSL_BF_THREADS_PER_RANK`` wins (an emulated node per core). At a fragment's start the
+    agent's count of this node's ranks (``PARSL_BF_LOCAL_RANKS``) is a floor, since ranks
+    started one by one may not see each other as one node in MPI. After an in-place resize
+    (``resized``) that count describes the launch, not the fragment: the new communicator's
+    count is the one (a rank left alone on its node by a shrink takes all its cores, and
+    joiners share theirs with the ranks already there)."""
+    override = os.environ.get(environment.THREADS_PER_RANK)
+    if override:
+        threads = int(override)
+    else:
+        launched = "" if resized else os.environ.get(environment.LOCAL_RANKS, "")
+        local = max(int(launched) if launched.isdigit() else 1, node_position(comm)[1])
+        threads = max(1, (os.cpu_count() or 1) // local)
+    torch.set_num_threads(threads)
+    return threads
+
+
 def rank_device(comm: MPI.Comm, want: str = "auto") -> torch.device:
     """This rank's device: ``cuda:<local rank>`` of the GPUs it sees (``"auto"``: if there
     are any), or the CPU."""
@@ -417,6 +438,8 @@ class ElasticTrainer:
         loaded_samples = samples
         loaded_at = time.time()
         self._check_same_model(params)
+        if self.join is not None:  # the fragment's ranks on this node share its cores now
+            share_cores(comm, resized=True)  # (collective: where the running ranks call it)
 
         def plan():
             return step_plan(task.seed, n, task.global_batch, samples, self.work, world, rank)
@@ -559,6 +582,7 @@ class ElasticTrainer:
             times["resized_at"] = time.time()  # the new communicator, and the state shared
             resized = ("grown" if grow else "shrunk", times)
             self.comm, rank, world = comm, comm.rank, comm.size
+            share_cores(comm, resized=True)
             # One rank uses autograd's own gradients, as a fragment started at one rank.
             if world == 1:
                 grads = None

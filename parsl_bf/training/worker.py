@@ -42,7 +42,6 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from .. import environment
 from . import elastic, handover
 from .checkpoint import CheckpointError
 from .rendezvous import RendezvousError, join, refuse
@@ -53,7 +52,7 @@ from .trainer import (
     TrainingInputError,
     TrainingTask,
     TrainOutcome,
-    node_position,
+    share_cores,
 )
 
 __all__ = ["exit_now", "infrastructure_failure", "main", "load_task", "run"]
@@ -166,21 +165,6 @@ def _standby(
     return receiver
 
 
-def _share_cores(comm: MPI.Comm) -> None:
-    """One intra-op thread pool per rank would oversubscribe a node: split its cores."""
-    import torch
-
-    override = os.environ.get(environment.THREADS_PER_RANK)  # e.g. an emulated node per core
-    if override:
-        torch.set_num_threads(int(override))
-        return
-    # Ranks started one by one (warm ranks) may not see each other as one node in MPI: the
-    # agent's count of this node's ranks is a floor.
-    launched = os.environ.get(environment.LOCAL_RANKS, "")
-    local = max(int(launched) if launched.isdigit() else 1, node_position(comm)[1])
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-
-
 def _loop_outcome(loop: elastic.Session) -> TrainOutcome:
     """A loop's outcome: it trained to its end (done) or was stopped between two steps."""
     if loop.status == "done" and loop.checkpoint_dir is not None and loop.state is not None:
@@ -286,7 +270,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         comm = join(args.rendezvous, args.group, args.groups)
     else:
         comm = MPI.COMM_WORLD
-    _share_cores(comm)
+    share_cores(comm)
     # Every rank may write reports: whichever is rank 0 does (after a shrink in place that
     # let the first rank go, another one is).
     reports = ReportSink(args.report)

@@ -22,6 +22,7 @@ from parsl_bf.training import (
 )
 from parsl_bf.training.checkpoint import checkpoints
 from parsl_bf.training.data import step_batch
+from parsl_bf.training.exchange import fingerprint
 
 
 @settings(max_examples=200, deadline=None)
@@ -73,6 +74,30 @@ def test_gradients_land_in_one_flat_buffer() -> None:
     torch.optim.SGD(model.parameters(), lr=0.1).zero_grad(set_to_none=True)
     grads.rebind()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_model_fingerprint_is_exact_whatever_the_order_of_the_sum() -> None:
+    """Values over ten orders of magnitude, whose floating-point sum (even in double) rounds
+    differently in another order or thread count: the fingerprint is the same in any order
+    and any thread count, and tells one changed element apart."""
+    torch.manual_seed(0)
+    values = torch.randn(300_000) * torch.logspace(-8, 2, 300_000)
+    p = torch.nn.Parameter(values)
+    shuffled = torch.nn.Parameter(values[torch.randperm(values.numel())])
+    threads = torch.get_num_threads()
+    try:
+        digests = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            digests += [fingerprint([p]).tolist(), fingerprint([shuffled]).tolist()]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(d == digests[0] for d in digests)
+    changed = values.clone()
+    changed[7] = torch.nextafter(changed[7], torch.tensor(2.0))
+    assert fingerprint([torch.nn.Parameter(changed)]).tolist() != digests[0]
+    half = torch.nn.Parameter(torch.ones(3, 4, dtype=torch.bfloat16).t())  # 2-byte, strided
+    assert fingerprint([half, p]).tolist()[-1] == 2
 
 
 def test_checkpoints_are_atomic_and_the_newest_readable_wins(tmp_path) -> None:
