@@ -122,8 +122,9 @@ def target_lines(results: list[dict]) -> list[str]:
     if not ok:
         return [head + "**Not met** by any milp run below."]
     met = ", ".join(
-        f"`{r.get('objective', 'throughput')}` at T_fwd {r['tfwd_s']:.0f} s "
-        f"({r['E_avail']:.3f} / {r['E_used']:.3f})"
+        f"`{r.get('objective', 'throughput')}` at T_fwd {r['tfwd_s']:.0f} s"
+        + (f" with hole ends {_holes(r['holes'])}" if r.get("holes") else "")
+        + f" ({r['E_avail']:.3f} / {r['E_used']:.3f})"
         for r in sorted(ok, key=lambda r: (r.get("objective", ""), r["tfwd_s"]))
     )
     return [head + f"Met (E_avail / E_used) by {met}."]
