@@ -269,14 +269,13 @@ class Fragment:
             # the new size.
             lines = reports(self.dir)
             at = next((i for i, r in enumerate(lines) if r["event"] == event), None)
-            step = (
-                None
-                if at is None
-                else next((r for r in lines[at + 1 :] if r["event"] == "step"), None)
-            )
-            if step is not None:
-                found[event], found["step"] = lines[at], step
-            return step is not None
+            if at is None:
+                return False
+            step = next((r for r in lines[at + 1 :] if r["event"] == "step"), None)
+            if step is None:
+                return False
+            found[event], found["step"] = lines[at], step
+            return True
 
         wait_until(seen, poll=0.01, check=self.check)
         return found[event], found["step"]

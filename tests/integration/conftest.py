@@ -19,6 +19,7 @@ import pytest
 from parsl_bf.executor.channel import PilotServer, read_secret, write_secret
 
 from .agents import AGENT, Events, pilot_env
+from .fragments import rank
 from .slurm import loopback_cluster, quiesce, unavailable
 
 
@@ -95,3 +96,21 @@ def agent(tmp_path: Path, secret_file: Path) -> Iterator:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture
+def launch() -> Iterator:
+    """``launch(tmp, work, **worker flags) -> Popen``: one rank, its own ``mpiexec -n 1`` as
+    the executor's warm ranks are (:func:`.fragments.rank`); any still running after the
+    test are killed, so that a failed assertion leaves no rank training."""
+    procs: list[subprocess.Popen] = []
+
+    def start(tmp: Path, work: int, **flags) -> subprocess.Popen:
+        procs.append(rank(tmp, work, **flags))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -55,6 +55,27 @@ def start(n: int, tmp: Path, work: int, **extra) -> subprocess.Popen:
     )
 
 
+def rank(tmp: Path, work: int, **extra) -> subprocess.Popen:
+    """One rank, its own ``mpiexec -n 1`` (as the executor's warm ranks are, joined by the
+    rendezvous); its standard error readable for the test's messages."""
+    return subprocess.Popen(
+        [MPIEXEC, "-n", "1", *worker_args(tmp, work, **extra)],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def until(pred, timeout: float = 300) -> None:
+    """Until ``pred()``; fails the test after ``timeout`` s (a bound on a wait, not a speed)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def result(tmp: Path) -> dict:
     return json.loads((tmp / "result.json").read_text())
 

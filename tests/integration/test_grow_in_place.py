@@ -3,60 +3,23 @@ its state by broadcast; real mpiexec ranks and the digits example."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from parsl_bf.training import load_latest
-from parsl_bf.training.command import MPIEXEC
+from parsl_bf.training import load_latest, read_reports
 from parsl_bf.training.resize import GrowRequest, ready_file
 
-from .fragments import ROOT, env, result, run, worker_args
+from .fragments import result, run, until
 
 pytestmark = pytest.mark.slow
 
 
 def _reports(tmp: Path) -> list[dict]:
     """The complete report lines so far (one being written is left for the next look)."""
-    path = tmp / "report.jsonl"
-    lines = path.read_text().split("\n")[:-1] if path.exists() else []
-    return [json.loads(line) for line in lines if line]
-
-
-Launch = Callable[..., subprocess.Popen]
-
-
-@pytest.fixture
-def launch() -> Iterator[Launch]:
-    """``launch(tmp, work, **worker flags) -> Popen``: one rank, its own ``mpiexec -n 1`` as
-    the executor's warm ranks are; any still running after the test are killed, so that a
-    failed assertion leaves no rank training."""
-    procs: list[subprocess.Popen] = []
-
-    def start(tmp: Path, work: int, **flags) -> subprocess.Popen:
-        argv = [MPIEXEC, "-n", "1", *worker_args(tmp, work, **flags)]
-        out = dict(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env(), **out))
-        return procs[-1]
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _until(pred, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    return read_reports(tmp / "report.jsonl")
 
 
 def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path, launch) -> None:
@@ -68,7 +31,7 @@ def test_a_grow_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path, launc
     grown.mkdir()
     rdv, request = grown / "rdv", grown / "resize.json"
     joiner = launch(grown, 2500, join=rdv, group=1, groups=2, resize=request)
-    _until(lambda: ready_file(rdv, 1).exists())  # set up, before the request is written
+    until(lambda: ready_file(rdv, 1).exists())  # set up, before the request is written
     GrowRequest(str(rdv), groups=2, of=2, to=3).write(request)
     done = run(2, grown, 2500, resize=request, resize_at=640)
     assert done.returncode == 0, done.stderr
@@ -95,13 +58,13 @@ def test_a_running_fragment_grows_twice_while_it_trains(tmp_path: Path, launch) 
     for world in (1, 2):
         rdv = tmp_path / f"grow{world}"
         joiners.append(launch(tmp_path, 10**9, join=rdv, group=1, groups=2, resize=request))
-        _until(lambda rdv=rdv: ready_file(rdv, 1).exists())
+        until(lambda rdv=rdv: ready_file(rdv, 1).exists())
         GrowRequest(str(rdv), groups=2, of=world, to=world + 1).write(request)
-        _until(lambda world=world: any(
+        until(lambda world=world: any(
             r["event"] == "grown" and r["world"] == world + 1 for r in _reports(tmp_path)
         ))  # fmt: skip
     grown = max(r["samples"] for r in _reports(tmp_path))
-    _until(lambda: any(
+    until(lambda: any(
         r["event"] == "step" and r["world"] == 3 and r["samples"] > grown
         for r in _reports(tmp_path)
     ))  # fmt: skip
@@ -122,7 +85,7 @@ def test_a_grow_that_cannot_be_done_in_place_stops_and_its_joiner_leaves(
     without training."""
     rdv, request = tmp_path / "rdv", tmp_path / "resize.json"
     joiner = launch(tmp_path, 2500, join=rdv, group=1, groups=2)
-    _until(lambda: ready_file(rdv, 1).exists())
+    until(lambda: ready_file(rdv, 1).exists())
     GrowRequest(str(rdv), groups=2, of=1, to=65).write(request)  # 64 samples a step
     done = run(1, tmp_path, 2500, resize=request, resize_at=320)
     assert done.returncode == 0, done.stderr
@@ -138,7 +101,7 @@ def test_a_fragment_that_ends_before_the_grow_lets_its_joiner_go(tmp_path: Path,
     and exits 0."""
     rdv, request = tmp_path / "rdv", tmp_path / "resize.json"
     joiner = launch(tmp_path, 640, join=rdv, group=1, groups=2)
-    _until(lambda: ready_file(rdv, 1).exists())
+    until(lambda: ready_file(rdv, 1).exists())
     GrowRequest(str(rdv), groups=2, of=1, to=2).write(request)
     done = run(1, tmp_path, 640, resize=request, resize_at=10**9)
     assert done.returncode == 0, done.stderr

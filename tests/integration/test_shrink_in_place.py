@@ -3,25 +3,22 @@ leave; real mpiexec ranks and the digits example."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from parsl_bf.training import load_latest
+from parsl_bf.training import load_latest, read_reports
 from parsl_bf.training.resize import ShrinkRequest
 
-from .fragments import MPIEXEC, ROOT, env, result, run, wait_for_report, worker_args
+from .fragments import result, run, until, wait_for_report
 
 pytestmark = pytest.mark.slow
 
 
 def _reports(tmp: Path) -> list[dict]:
-    return [json.loads(line) for line in (tmp / "report.jsonl").read_text().splitlines()]
+    return read_reports(tmp / "report.jsonl")
 
 
 def _params(tmp: Path) -> dict[str, torch.Tensor]:
@@ -50,41 +47,26 @@ def test_a_shrink_in_place_trains_on_as_an_uninterrupted_run(tmp_path: Path) -> 
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 
 
-def test_a_request_shrinks_a_running_fragment_and_the_leaver_exits(tmp_path: Path) -> None:
+def test_a_request_shrinks_a_running_fragment_and_the_leaver_exits(tmp_path: Path, launch) -> None:
     """Two ranks, each its own mpiexec as the executor launches them: once the request is
     written, rank 1 exits while rank 0 trains on alone."""
     request = tmp_path / "resize.json"
     flags = {"rendezvous": tmp_path / "rdv", "groups": 2, "resize": request}
-    ranks = [
-        subprocess.Popen(
-            [MPIEXEC, "-n", "1", *worker_args(tmp_path, 10**9, group=g, **flags)],
-            cwd=ROOT,
-            env=env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for g in (0, 1)
-    ]
-    try:
-        wait_for_report(tmp_path, "step")
-        ShrinkRequest((0,), of=2).write(request)
-        shrunk = wait_for_report(tmp_path, "shrunk")
-        assert shrunk["world"] == 1 and shrunk["previous_world"] == 2
-        assert ranks[1].wait(timeout=120) == 0, ranks[1].stderr.read()  # left, at once
-        assert ranks[0].poll() is None and not request.exists()  # taken
-        # A request for the old size, made again, is taken and dropped: training goes on.
-        ShrinkRequest((0,), of=2).write(request)
-        until(lambda: not request.exists())
-        last = wait_for_report(tmp_path, "step", min_samples=shrunk["samples"] + 1)
-        later = wait_for_report(tmp_path, "step", min_samples=last["samples"] + 1)
-        assert later["world"] == 1
-        ranks[0].send_signal(signal.SIGTERM)
-        assert ranks[0].wait(timeout=120) == 0, ranks[0].stderr.read()
-    finally:
-        for proc in ranks:
-            if proc.poll() is None:
-                proc.kill()
+    ranks = [launch(tmp_path, 10**9, group=g, **flags) for g in (0, 1)]
+    wait_for_report(tmp_path, "step")
+    ShrinkRequest((0,), of=2).write(request)
+    shrunk = wait_for_report(tmp_path, "shrunk")
+    assert shrunk["world"] == 1 and shrunk["previous_world"] == 2
+    assert ranks[1].wait(timeout=120) == 0, ranks[1].stderr.read()  # left, at once
+    assert ranks[0].poll() is None and not request.exists()  # taken
+    # A request for the old size, made again, is taken and dropped: training goes on.
+    ShrinkRequest((0,), of=2).write(request)
+    until(lambda: not request.exists(), timeout=120)
+    last = wait_for_report(tmp_path, "step", min_samples=shrunk["samples"] + 1)
+    later = wait_for_report(tmp_path, "step", min_samples=last["samples"] + 1)
+    assert later["world"] == 1
+    ranks[0].send_signal(signal.SIGTERM)
+    assert ranks[0].wait(timeout=120) == 0, ranks[0].stderr.read()
     out = result(tmp_path)
     assert out["status"] == "stopped" and out["world"] == 1
     assert [r["event"] for r in _reports(tmp_path)].count("shrunk") == 1
@@ -107,10 +89,3 @@ def test_rank_0_may_leave_and_the_lowest_kept_rank_carries_on(tmp_path: Path) ->
     assert [e for e, _ in events].count("start") == 1
     assert [h["samples"] for h in out["metrics_history"]][:1] == [512]  # made by the old rank 0
     assert load_latest(tmp_path / "ckpt")["samples"] == 2500
-
-
-def until(pred, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
