@@ -58,8 +58,8 @@ __all__ = [
     "save_atomically",
     "save_checkpoint",
     "set_rng_state",
-    "state_bytes",
-    "state_from_bytes",
+    "state_from_parts",
+    "state_parts",
 ]
 
 log = logging.getLogger(__name__)
@@ -245,21 +245,72 @@ def save_checkpoint(
     return final
 
 
-def state_bytes(state: dict[str, Any]) -> memoryview:
-    """``state`` serialised as a checkpoint stores it (loadable with ``weights_only=True``), in
-    memory: what a grow in place broadcasts to its joiners (:func:`state_from_bytes`). A view
-    of the serialised bytes, not a copy: a model's state can be hundreds of megabytes."""
+def state_parts(state: dict[str, Any]) -> tuple[memoryview, list[np.ndarray]]:
+    """``state`` split for a broadcast (a grow in place sends it to its joiners): its form,
+    serialised (loadable with ``weights_only=True``), with every plain tensor of a dict or a
+    list left out, and those tensors' bytes, to send as they are (:func:`state_from_parts`).
+
+    Sending the bytes of the tensors as they lie in memory, rather than a ``torch.save`` of
+    the whole state, spares both sides a copy of every byte: for ResNet-18 (94 MB with its
+    momentum) the save took 0.22 s on the sender and the load as much again on each joiner."""
+    form = _encode(state, "")
+    places: list[tuple[tuple, torch.Tensor]] = []  # where each tensor was, its shape and dtype
+    data: list[np.ndarray] = []
+
+    def leave_out(obj: Any, path: tuple) -> None:
+        items = obj.items() if type(obj) in _DICTS else enumerate(obj) if type(obj) is list else ()
+        for key, value in items:
+            if _sent_as_bytes(value):
+                places.append(
+                    (path + (key,), torch.empty(value.shape, dtype=value.dtype, device="meta"))
+                )
+                data.append(_tensor_bytes(value))
+                obj[key] = None
+            else:
+                leave_out(value, path + (key,))
+
+    leave_out(form, ())
     buffer = io.BytesIO()
-    torch.save(_encode(state, ""), buffer)
-    return buffer.getbuffer()
+    torch.save({"form": form, "places": places}, buffer)
+    return buffer.getbuffer(), data
 
 
-def state_from_bytes(data: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """The inverse of :func:`state_bytes`, read with ``weights_only=True``."""
-    stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if not isinstance(stored, dict):
-        raise _Unusable(f"not a state: a {type(stored).__name__}")
-    return _decode(stored)
+def state_from_parts(
+    form: bytes | bytearray | memoryview,
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The receiving side of :func:`state_parts`: from the serialised form (read with
+    ``weights_only=True``), the state with a new, uninitialised tensor in each place a tensor
+    was left out, and those tensors' bytes in the same order, for the broadcast to fill.
+    ``_Unusable`` if the form is not one :func:`state_parts` made."""
+    stored = torch.load(io.BytesIO(form), map_location="cpu", weights_only=True)
+    if not isinstance(stored, dict) or not isinstance(stored.get("form"), dict):
+        raise _Unusable(f"not a state's form: a {type(stored).__name__}")
+    state, data = stored["form"], []
+    for place in stored.get("places", ()):
+        try:
+            path, meta = place
+            holder = state
+            for key in path[:-1]:
+                holder = holder[key]
+            if not isinstance(meta, torch.Tensor) or holder[path[-1]] is not None:
+                raise ValueError
+            tensor = torch.empty(meta.shape, dtype=meta.dtype)
+            holder[path[-1]] = tensor
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise _Unusable(f"a tensor's place in a state's form: {place!r}") from exc
+        data.append(_tensor_bytes(tensor))
+    return _decode(state), data
+
+
+def _sent_as_bytes(value: Any) -> bool:
+    """A tensor :func:`state_parts` sends by its bytes: a plain, dense, unquantised one (any
+    other, and one in a tuple or a set, goes in the serialised form)."""
+    return (
+        type(value) is torch.Tensor
+        and value.layout == torch.strided
+        and not value.is_quantized
+        and value.device.type != "meta"
+    )
 
 
 def save_atomically(obj: Any, path: str | Path) -> Path:

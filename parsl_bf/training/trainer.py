@@ -35,8 +35,8 @@ from .checkpoint import (
     save_atomically,
     save_checkpoint,
     set_rng_state,
-    state_bytes,
-    state_from_bytes,
+    state_from_parts,
+    state_parts,
 )
 from .data import step_plan, total_steps
 from .exchange import FlatGradients, fingerprint, quiet_barrier
@@ -399,6 +399,11 @@ class ElasticTrainer:
             # A joiner: the running fragment takes this rank in and sends its state.
             comm = self.comm = self.join(comm)
             rank, world = comm.rank, comm.size
+            # The fragment's ranks on this node share its cores from now on (collective: where
+            # the running ranks call it), before the state comes and the model is checked:
+            # with a rank's threads still set for the world before, this node's cores were
+            # oversubscribed, and the check alone took 0.1-0.2 s.
+            share_cores(comm, resized=True)
             found = None, self._grow_state(comm, None, joiner=True)
             if world > 1:
                 grads = FlatGradients(params, device=device)
@@ -438,8 +443,6 @@ class ElasticTrainer:
         loaded_samples = samples
         loaded_at = time.time()
         self._check_same_model(params)
-        if self.join is not None:  # the fragment's ranks on this node share its cores now
-            share_cores(comm, resized=True)  # (collective: where the running ranks call it)
 
         def plan():
             return step_plan(task.seed, n, task.global_batch, samples, self.work, world, rank)
@@ -568,6 +571,7 @@ class ElasticTrainer:
                 # Grow in place: the joiners connect, and rank 0 sends them the state.
                 comm = self.comm = join(grow.rendezvous, 0, grow.groups, base=comm)
                 times["connected_at"] = time.time()
+                share_cores(comm, resized=True)  # as the joiners do, right after they join
                 state = self._state(saved, samples, steps, None) if rank == 0 else None
                 self._grow_state(comm, state, joiner=False)
                 self._check_same_model(params)  # on the grown communicator, with the joiners
@@ -579,10 +583,10 @@ class ElasticTrainer:
                 if comm == MPI.COMM_NULL:
                     status = "left"
                     break
+                share_cores(comm, resized=True)
             times["resized_at"] = time.time()  # the new communicator, and the state shared
             resized = ("grown" if grow else "shrunk", times)
             self.comm, rank, world = comm, comm.rank, comm.size
-            share_cores(comm, resized=True)
             # One rank uses autograd's own gradients, as a fragment started at one rank.
             if world == 1:
                 grads = None
@@ -638,18 +642,25 @@ class ElasticTrainer:
     ) -> dict | None:
         """Over a grown communicator: rank 0 (a running rank, with its ``state``) sends it to
         the ranks that join now (``joiner``), which return it; collective on every rank. (A
-        rank that joined at an earlier grow is a running rank at this one.) Sent as the bytes
-        of a checkpoint (``weights_only`` to read) by one broadcast among rank 0 and the
-        joiners only: the running ranks hold the state already."""
+        rank that joined at an earlier grow is a running rank at this one.) Broadcast among
+        rank 0 and the joiners only (the running ranks hold the state already): first its
+        form (``weights_only`` to read), then each tensor's bytes straight into the tensor
+        the joiner allocated for it (:func:`~parsl_bf.training.checkpoint.state_parts`)."""
         sub = comm.Split(0 if comm.rank == 0 or joiner else MPI.UNDEFINED, key=comm.rank)
         if sub == MPI.COMM_NULL:
             return None
         try:
-            data = state_bytes(state) if sub.rank == 0 and state is not None else memoryview(b"")
-            size = sub.bcast(len(data), root=0)
-            buffer = data if sub.rank == 0 else bytearray(size)
-            sub.Bcast([buffer, MPI.BYTE], root=0)
-            return state_from_bytes(buffer) if joiner else None
+            form, data = state_parts(state) if sub.rank == 0 and state is not None else (b"", [])
+            size = sub.bcast(len(form), root=0)
+            if sub.rank != 0:
+                form = bytearray(size)
+            sub.Bcast([form, MPI.BYTE], root=0)
+            if joiner:
+                state, data = state_from_parts(form)
+            for part in data:  # the same tensors in the same order on every rank
+                if part.size:
+                    sub.Bcast([part, MPI.BYTE], root=0)
+            return state if joiner else None
         finally:
             sub.Free()
 

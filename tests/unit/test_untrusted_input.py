@@ -441,19 +441,71 @@ def test_the_state_round_trips_in_weights_only_form(tmp_path) -> None:
     assert (np.random.rand(), random.random(), float(torch.rand(1))) == expected
 
 
+def _broadcast(state: dict) -> dict:
+    """What a joiner ends with: the form as its Bcast fills it, then each tensor's bytes
+    copied into the tensors it allocated, as the tensor Bcasts do."""
+    form, sent = ckpt.state_parts(state)
+    back, received = ckpt.state_from_parts(bytearray(form))
+    assert [r.size for r in received] == [s.size for s in sent]
+    for r, s in zip(received, sent, strict=True):
+        r[:] = s
+    return back
+
+
 def test_the_state_a_grow_broadcasts_round_trips_and_never_runs_a_pickle(tmp_path) -> None:
-    model = _net()
-    state = {"model": model.state_dict(), "user_state": {"order": np.arange(5)}, "samples": 64}
-    received = bytearray(ckpt.state_bytes(state))  # what a joiner's Bcast fills
-    back = ckpt.state_from_bytes(received)
+    model = _net(1024)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "user_state": {
+            "order": np.arange(5),
+            "odd": [torch.tensor(3), torch.zeros(0), torch.ones(3, dtype=torch.bfloat16)],
+            "kept": (torch.arange(4), torch.eye(2).to_sparse()),  # in the form, not as bytes
+        },
+        "samples": 64,
+    }
+    form, sent = ckpt.state_parts(state)
+    # The tensors' bytes travel apart from the form, which is small.
+    assert len(sent) == len(model.state_dict()) + len(opt.state_dict()["state"]) + 3
+    assert len(form) < sum(s.nbytes for s in sent) / 4
+    back = _broadcast(state)
     assert back["samples"] == 64 and back["user_state"]["order"].tolist() == list(range(5))
     for name, tensor in model.state_dict().items():
         assert torch.equal(back["model"][name], tensor)
+    for i, slot in opt.state_dict()["state"].items():
+        assert torch.equal(
+            back["optimizer"]["state"][i]["momentum_buffer"], slot["momentum_buffer"]
+        )
+    odd, kept = back["user_state"]["odd"], back["user_state"]["kept"]
+    assert odd[0].item() == 3 and odd[0].dim() == 0 and odd[1].shape == (0,)
+    assert odd[2].dtype == torch.bfloat16 and odd[2].tolist() == [1.0, 1.0, 1.0]
+    assert torch.equal(kept[0], torch.arange(4)) and torch.equal(kept[1].to_dense(), torch.eye(2))
+    # The sender's state is left as it was.
+    assert isinstance(state["model"]["0.weight"], torch.Tensor)
     forged = io.BytesIO()
     torch.save({"model": _Payload(tmp_path / "M")}, forged)
     with pytest.raises(pickle.UnpicklingError):
-        ckpt.state_from_bytes(forged.getvalue())
+        ckpt.state_from_parts(forged.getvalue())
     assert not (tmp_path / "M").exists()
+
+
+def test_a_state_form_with_a_tensor_out_of_place_is_refused() -> None:
+    meta = torch.empty(2, device="meta")
+    for form in (
+        {"form": {"a": 1}, "places": [(("a",), meta)]},  # a place that holds a value
+        {"form": {"a": None}, "places": [(("b", "c"), meta)]},  # a place that is not there
+        {"form": {"a": None}, "places": [((), meta)]},
+        {"form": {"a": (None,)}, "places": [(("a", 0), meta)]},  # a tuple holds none
+        {"form": {"a": None}, "places": [("a",)]},
+        [1, 2],
+    ):
+        buffer = io.BytesIO()
+        torch.save(form, buffer)
+        with pytest.raises(ValueError, match="form"):
+            ckpt.state_from_parts(buffer.getvalue())
 
 
 def test_a_state_that_cannot_load_weights_only_is_refused_when_saving(tmp_path) -> None:
