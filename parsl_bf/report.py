@@ -246,9 +246,12 @@ def _status_section(snapshot: dict[str, Any]) -> list[str]:
             f"util {_cell(acc.get('util'))}, E_used {_cell(acc.get('E_used'))}, "
             f"E_avail {_cell(acc.get('E_avail'))} (node-seconds offered by pilots "
             f"{_cell(acc.get('offered_node_s'))}, running tasks {_cell(acc.get('used_node_s'))};"
-            " samples counted in node-equivalents at each task's measured one-node rate)",
+            " samples counted in node-equivalents at each task's one-node rate, averaged over"
+            " the run)",
             "",
         ]
+        if acc.get("suspect"):
+            out += [f"**Not a result:** {acc['suspect']}.", ""]
     if snapshot.get("pilots"):
         out += [markdown_table(snapshot["pilots"], ["pilot", "nodes", "ends_in_s", "leaving"]), ""]
     if snapshot.get("tasks"):

@@ -102,6 +102,8 @@ Node = str
 
 # Step rates kept per task and world size (the latest): recent enough, and bounded memory.
 MEASURED_KEPT = 100
+#: An efficiency or utilisation above 1 by more than this is noise, not a result.
+IMPOSSIBLE_MARGIN = 0.02
 
 
 def node_id(pilot: str, host: str) -> Node:
@@ -146,6 +148,13 @@ class ElasticTask:
     # Nodes an in-place shrink gave back: busy until the ranks there have left.
     releasing: tuple[Node, ...] = ()
     measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
+    # The samples and the seconds of the step reports at one node, over the whole run: the
+    # accounting's P(1) is their ratio (see :meth:`Controller.efficiency`).
+    one_node_samples: float = 0.0
+    one_node_s: float = 0.0
+    # The samples of the running fragment's last report (or its first step), which the next
+    # report's rate spans; None until the first step after a start or a resize in place.
+    last_reported: int | None = None
     measured_rescale_s: list[float] = field(default_factory=list)
     measured_shrink_s: list[float] = field(default_factory=list)  # in-place shrinks
     measured_grow_s: list[float] = field(default_factory=list)  # in-place grows
@@ -372,6 +381,7 @@ class Controller:
         elif isinstance(event, FragmentStarted):
             task = self.elastic.get(event.task)
             if task is not None:
+                task.last_reported = event.samples
                 if task.resumed_samples is None:
                     task.resumed_samples = event.samples
                 if task.redo_from is not None:  # the first step after a failure's restart
@@ -379,6 +389,8 @@ class Controller:
                     task.redo_from = None
         elif isinstance(event, Rescaled):
             task = self.elastic.get(event.task)
+            if task is not None and event.in_place:
+                task.last_reported = None  # the first report after it spans the resize
             if task is not None and event.in_place == "grow":
                 self._grown(task, out)
             if task is not None and event.seconds >= 0:
@@ -698,6 +710,10 @@ class Controller:
             rates.append(event.rate)
             del rates[:-MEASURED_KEPT]
             task.samples = max(task.samples, event.samples)
+            last, task.last_reported = task.last_reported, event.samples
+            if event.world == 1 and last is not None and event.samples > last:
+                task.one_node_samples += event.samples - last
+                task.one_node_s += (event.samples - last) / event.rate
 
     # --- plain tasks ------------------------------------------------------------------------
 
@@ -730,22 +746,32 @@ class Controller:
             self.used_node_s += dt * min(used, offered) if offered else 0.0
         self._accounted_at = now
 
-    def efficiency(self) -> dict[str, float | None]:
-        """util, E_used and E_avail of the run so far (samples_j / P_j(1) as in the replay,
-        with P_j(1) measured; tasks never measured at one node are left out)."""
+    def efficiency(self) -> dict[str, Any]:
+        """util, E_used and E_avail of the run so far: samples_j / P_j(1) as in the replay, in
+        node-seconds (tasks never measured at one node are left out).
+
+        P_j(1) is task j's one-node rate averaged over time (the samples of its one-node step
+        reports over their seconds), not the allocator's estimate (the median of its latest
+        reports, which follows the rate of the moment). Where nodes share cores (the
+        emulation) a task's rate moves with the load, and its latest rates did not describe
+        the whole run: E_used came out at 1.07. A figure above 1 + 0.02 cannot be true, and
+        ``suspect`` says so."""
         work = 0.0
         for task in self.elastic.values():
-            rates = task.measured.get(1)
-            if rates and task.samples:
-                work += task.samples / statistics.median(rates)
+            if task.one_node_s > 0 and task.samples:
+                work += task.samples / (task.one_node_samples / task.one_node_s)
         off, used = self.offered_node_s, self.used_node_s
-        return {
+        out: dict[str, Any] = {
             "util": used / off if off else None,
             "E_used": work / used if used else None,
             "E_avail": work / off if off else None,
             "offered_node_s": off,
             "used_node_s": used,
         }
+        over = [k for k in ("util", "E_used", "E_avail") if (out[k] or 0) > 1 + IMPOSSIBLE_MARGIN]
+        if over:
+            out["suspect"] = f"{', '.join(over)} above 1: not a measurement of this run"
+        return out
 
     # --- the decision -----------------------------------------------------------------------
 

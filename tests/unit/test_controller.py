@@ -356,13 +356,33 @@ def test_the_runs_accounting() -> None:
     c = _controller()
     c.handle([TaskSubmitted(_task("a", 1, 1))], NOW)
     c.handle([_up("p1", "n1", "n2")], NOW)  # the task takes one of the two nodes
-    c.handle([Progress("a", 1, 100.0, 800)], NOW + 10)
+    # First step at 200 samples, then 200 samples at 200/s twice and 200 at 50/s: 600 in 6 s,
+    # 100 samples/s over the run (the median of the reports, 200, would count half as much).
+    c.handle([FragmentStarted("a", 200)], NOW + 4)
+    c.handle([Progress("a", 1, 200.0, 400)], NOW + 5)
+    c.handle([Progress("a", 1, 200.0, 600)], NOW + 6)
+    c.handle([Progress("a", 1, 50.0, 800)], NOW + 10)
     acc = c.efficiency()
     assert (acc["offered_node_s"], acc["used_node_s"]) == (20.0, 10.0)
     assert acc["util"] == 0.5 and acc["E_used"] == 0.8 and acc["E_avail"] == 0.4
+    assert "suspect" not in acc
     c.handle([PilotLeaving("p1", "preempted")], NOW + 10)  # a leaving pilot offers nothing
     c.account(NOW + 20)
     assert c.efficiency()["offered_node_s"] == 20.0
+
+
+def test_an_efficiency_above_one_is_marked_not_a_result() -> None:
+    # One node trained at 10 samples/s, then two at 100 each: where nodes share cores, the
+    # load moves the rates, and 1,000 samples in 12 node-seconds count as 100 at one node.
+    c = _controller()
+    c.handle([TaskSubmitted(_task("a", 1, 2))], NOW)
+    c.handle([_up("p1", "n1")], NOW)
+    c.handle([FragmentStarted("a", 10)], NOW + 1)
+    c.handle([Progress("a", 1, 10.0, 100)], NOW + 10)
+    c.handle([Rescaled("a", 0.5, in_place="grow")], NOW + 10)
+    c.handle([Progress("a", 2, 200.0, 1000)], NOW + 12)
+    acc = c.efficiency()
+    assert acc["E_used"] > 1.02 and "E_used" in acc["suspect"]
 
 
 def test_a_node_about_to_leave_is_not_moved_to_another_task() -> None:
