@@ -51,7 +51,6 @@ from typing import Any
 import zmq
 
 from .. import environment
-from . import runner
 from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
 from .gpus import node_gpus
 from .ranks import RANKS_KEY, RankGroup, RankPool, killpg, launch_ranks
@@ -312,7 +311,13 @@ class Agent:
                 self.procs[key] = group
                 log.info("launched %s: %d rank(s), %d warm", key, len(group.procs), group.warm)
                 return
-            args = runner.command_args(argv) if msg.get("warm") else None
+            args = None
+            if msg.get("warm"):
+                # Imported here: the runner's module imports Parsl (0.5 s of CPU), which an
+                # agent that runs only fragments never needs, at the start of every pilot.
+                from . import runner
+
+                args = runner.command_args(argv)
             if args is not None and self.host is not None:
                 warm = self._launch_warm(key, args, extra, msg.get("cwd"), stdout, stderr)
                 if warm is not None:
