@@ -17,11 +17,12 @@ do not go on training.
 
 Plain apps (a ``launch`` with ``"warm": true`` whose argv is :func:`runner.command
 <parsl_bf.executor.runner.command>`) are forked from the agent's warm host
-(:mod:`parsl_bf.executor.warmhost`, one per pilot, started with the agent), not started as
-processes of their own; to the executor they are processes as any other: their own group,
-signalled by key, their exit reported. A host that dies is replaced, and the apps it had are
-reported as exited with -9 (lost: the executor runs a plain app again when it left no outcome);
-one that never forked (it cannot start here) is not, and plain apps run as subprocesses.
+(:mod:`parsl_bf.executor.warmhost`, one per pilot, started with its first plain app: a pilot
+that runs only fragments does not pay for its imports), not started as processes of their
+own; to the executor they are processes as any other: their own group, signalled by key, their
+exit reported. A host that dies is replaced, and the apps it had are reported as exited with -9
+(lost: the executor runs a plain app again when it left no outcome); one that never forked (it
+cannot start here) is not, and plain apps run as subprocesses.
 
 Fragments' ranks (a ``launch`` with ``"ranks"``) start on standby ranks of the agent's
 :class:`~parsl_bf.executor.ranks.RankPool` (kept once the executor says ``warm_ranks``: there
@@ -218,7 +219,8 @@ class Agent:
         self.session = AgentSession(secret)
         self.refusals = RefusalLog(lambda refused: None, log)  # rate-limited log lines only
         self.procs: dict[str, subprocess.Popen | WarmProc | RankGroup] = {}
-        self.host: WarmHost | None = None  # forks plain apps; None: they run as subprocesses
+        self.host: WarmHost | None = None  # forks plain apps; None: none yet, or it cannot start
+        self._host_broken = False  # it cannot start here: plain apps run as subprocesses
         self.pool: RankPool | None = None  # standby ranks, once the executor asks for them
         self._poller: zmq.Poller | None = None
         self._signals: list[int] = []
@@ -318,6 +320,8 @@ class Agent:
                 from . import runner
 
                 args = runner.command_args(argv)
+                if args is not None and self.host is None and not self._host_broken:
+                    self._start_host()  # the app waits for its imports, as a process would
             if args is not None and self.host is not None:
                 warm = self._launch_warm(key, args, extra, msg.get("cwd"), stdout, stderr)
                 if warm is not None:
@@ -370,7 +374,7 @@ class Agent:
             self.host = WarmHost()
         except OSError as exc:
             log.warning("no warm host (%s): plain apps run as processes", exc)
-            self.host = None
+            self.host, self._host_broken = None, True
             return
         log.info("warm host started (pid %d)", self.host.proc.pid)
         if self._poller is not None:
@@ -415,6 +419,7 @@ class Agent:
         )
         if not host.forked:
             log.warning("the warm host never forked an app: plain apps run as processes")
+            self._host_broken = True
         elif self._ending is None:
             self._start_host()
 
@@ -505,7 +510,6 @@ class Agent:
         poller = self._poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
-        self._start_host()
         code = EXIT_LOST
         try:
             code = self._serve(poller, wake_r)

@@ -1,10 +1,11 @@
 """The warm host: runs plain apps in workers forked once from a process that has imported the
 runner already.
 
-``python -m parsl_bf.executor.warmhost FD``, started by the agent (one per pilot), ``FD`` its
-end of a Unix socket pair. Starting a Python that imports Parsl and unpacks the app costs about
-a second per plain app, and even a fork of this process costs 3.7 ms; the host pays them once,
-as HTEX's worker pool does. It stays single-threaded (no ZeroMQ in it) so that forking is safe.
+``python -m parsl_bf.executor.warmhost FD``, started by the agent (one per pilot, with its first
+plain app), ``FD`` its end of a Unix socket pair. Starting a Python that imports Parsl and
+unpacks the app costs about a second per plain app, and even a fork of this process costs
+3.7 ms; the host pays them once, as HTEX's worker pool does. It stays single-threaded (no
+ZeroMQ in it) so that forking is safe.
 
 The agent sends one JSON line per app, ``{key, src, out, env, cwd, stdout, stderr}``. The host
 gives it to an idle worker, forking one if none is idle. A worker is in a session of its own
