@@ -231,6 +231,24 @@ def test_report_folds_many_metrics_into_one_column(tmp_path: Path) -> None:
     assert [csv_rows[0][f"m{i}"] for i in range(8)] == [str(float(i)) for i in range(8)]
 
 
+def test_report_marks_an_impossible_efficiency_as_not_a_result(tmp_path: Path) -> None:
+    def snapshot(e_used: float) -> dict:
+        accounting = {"util": 0.6, "E_used": e_used, "E_avail": 0.4}
+        if e_used > 1.02:  # as the controller marks it
+            accounting["suspect"] = "E_used above 1: not a measurement of this run"
+        return {"label": "bf", "path": "status.json", "accounting": accounting}
+
+    for e_used, marked in ((0.71, False), (1.065, True)):
+        write_report(
+            tmp_path, workflow="wf.py", command="c", config="c.yaml", started="s",
+            elapsed_s=1.0, run_dirs=[], summary=None, tasks=[], samples=[],
+            snapshots=[snapshot(e_used)], preemptions=0,
+        )  # fmt: skip
+        md = (tmp_path / "report.md").read_text()
+        assert f"E_used {e_used}" in md
+        assert ("**Not a result:** E_used above 1" in md) is marked
+
+
 # --- the progress thread --------------------------------------------------------------------
 
 
