@@ -79,7 +79,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from parsl_bf.executor.analysis import RunFigures, efficiency, load_run, percentile, run_figures
+from parsl_bf.executor.analysis import (
+    E_SLACK,
+    RunFigures,
+    efficiency,
+    load_run,
+    percentile,
+    run_figures,
+)
 from parsl_bf.replay.windows import Window, choose_window
 from parsl_bf.training.command import mpiexec_argv, worker_argv
 from parsl_bf.training.reports import ScalingProfiler, read_reports
@@ -454,7 +461,6 @@ def _impossible(rows: dict[str, dict], rates: dict[int, float]) -> list[dict]:
     return found
 
 
-E_SLACK = 0.02  # an efficiency above 1 + this is noise, not a result
 P1_DRIFT = 0.10  # a run's own P(1) this far from the calibration's: other contention
 
 

@@ -24,10 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PREEMPTING", "RunFigures", "efficiency", "load_run", "percentile", "run_figures"]
+__all__ = [
+    "E_SLACK",
+    "PREEMPTING",
+    "RunFigures",
+    "efficiency",
+    "load_run",
+    "percentile",
+    "run_figures",
+]
 
 Event = Mapping[str, Any]
 
+#: An efficiency (or a utilisation) above 1 + this is noise, not a result: no node does more
+#: than one node's work.
+E_SLACK = 0.02
 #: ``fragment_stop`` reasons that are preemptions: the fragment's pilot ended or was taken back.
 PREEMPTING = frozenset({"walltime", "preempted", "pilot gone"})
 #: Events after which a fragment's processes have exited (its nodes are free again): one

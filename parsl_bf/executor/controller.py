@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..allocation import Allocation, AllocationProblem, AllocatorSettings, TaskSpec, plan
+from .analysis import E_SLACK
 from .lifecycle import (
     Command,
     Evaluated,
@@ -102,8 +103,6 @@ Node = str
 
 # Step rates kept per task and world size (the latest): recent enough, and bounded memory.
 MEASURED_KEPT = 100
-#: An efficiency or utilisation above 1 by more than this is noise, not a result.
-IMPOSSIBLE_MARGIN = 0.02
 
 
 def node_id(pilot: str, host: str) -> Node:
@@ -754,8 +753,8 @@ class Controller:
         reports over their seconds), not the allocator's estimate (the median of its latest
         reports, which follows the rate of the moment). Where nodes share cores (the
         emulation) a task's rate moves with the load, and its latest rates did not describe
-        the whole run: E_used came out at 1.07. A figure above 1 + 0.02 cannot be true, and
-        ``suspect`` says so."""
+        the whole run: E_used came out at 1.07. A figure above 1 + :data:`E_SLACK` cannot be
+        true, and ``suspect`` says so."""
         work = 0.0
         for task in self.elastic.values():
             if task.one_node_s > 0 and task.samples:
@@ -768,7 +767,7 @@ class Controller:
             "offered_node_s": off,
             "used_node_s": used,
         }
-        over = [k for k in ("util", "E_used", "E_avail") if (out[k] or 0) > 1 + IMPOSSIBLE_MARGIN]
+        over = [k for k in ("util", "E_used", "E_avail") if (out[k] or 0) > 1 + E_SLACK]
         if over:
             out["suspect"] = f"{', '.join(over)} above 1: not a measurement of this run"
         return out
