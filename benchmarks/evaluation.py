@@ -256,9 +256,10 @@ def main() -> int:
         "it can cost a little (ImageNet-spdup below).",
         "",
         "`bound` is the clairvoyant upper bound on E_avail of the same instance "
-        "(`E_avail_bound`: the whole future of idle nodes known, rescales free; an LP over the "
-        "window, docs/replay.md); `÷ bound` is E_avail over it, i.e. how much of what any "
-        "policy could reach this one reaches.",
+        "(`E_avail_bound`: the whole future of idle nodes known, rescales free, the admission "
+        "limit and, relaxed, the queue's order kept; an LP over the window, docs/replay.md); "
+        "`÷ bound` is E_avail over it, i.e. how much of what any policy could reach this one "
+        "reaches.",
         "",
     ]
     summary = {}

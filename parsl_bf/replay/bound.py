@@ -36,13 +36,20 @@ with the buckets cut off at a horizon T (the bucket holding T shortened to end a
 so the nodes in use are at most min(idle(t), M_K), M_K the K widest hulls together (C_b is
 then that clipped count's integral), and job j is admitted τ_jb ≤ A_jb seconds of bucket b,
 with Σ_j τ_jb ≤ K·L_b and y_jbq ≤ w_jq·τ_jb in place of w_jq·A_jb (Jensen over the admitted
-time; a job makes no progress unless admitted).
+time; a job makes no progress unless admitted). The queue's order is kept in part too: at a few
+bucket ends e (:data:`QUEUE_CHECKPOINTS`), z_j ∈ [0, 1] relaxes "job j admitted by e", falling
+along the queue (first come first served) and 0 before s_j; x_j is j's share of its work done by
+e, at most z_j; and Σ_j (z_j − x_j) ≤ K, as a job leaves its slot only when done. Without this
+the LP would fill the slots with the best-scaling jobs of the whole queue and never admit the
+others; with it, the work done is, up to K jobs, the work of a prefix of the queue.
 
 *Pooling.* When one column set per job would pass :data:`MAX_VARIABLES`, jobs with the same
 curve and node range share one: y_cbq ≤ w_q·Σ_{j∈c} A_jb (the perspective A·f(m / A) of a
 concave f is superadditive, so splitting a class's node-seconds among its members cannot beat
 it), and the class's samples up to the end of bucket b are at most the work of its members
-submitted by then. Every per-job solution sums to a pooled one, so pooling only relaxes; on
+submitted by then. The queue's terms see a class's samples S_c only: at most Σ_{j∈c} W_j·z_j,
+and Σ_{j∈c} x_j ≤ S_c / min_{j∈c} W_j. Every per-job solution sums to a pooled one, so pooling
+only relaxes; on
 the dev week's identical jobs it gives the same value. If that is still too large, the
 buckets are coarsened.
 
@@ -57,7 +64,10 @@ m_jb node-seconds, with objective ≥ N. So N ≤ N*(T) for the replay's t_stop 
 buckets only average more (a relaxation), so any bucketing gives a bound. With a limit, run the
 same argument over the τ_jb seconds job j is admitted in b, and with min(n_j(t), h_j) nodes
 (h_j: where f_j stops rising, beyond which it gains nothing): Σ_j min(n_j(t), h_j) ≤
-min(idle(t), M_K) as at most K jobs are admitted.
+min(idle(t), M_K) as at most K jobs are admitted. For the queue, let each job's samples by
+bucket b be min(W_j, Σ_{b' ≤ b} g_jb') (the fill above, bucket by bucket): a job done by e has
+x_j = 1, one not yet admitted has none, so with z_j its admission (0 or 1, a prefix of the
+queue) Σ_j (z_j − x_j) counts at most the jobs admitted and not done at e, at most K.
 
 **The denominator.** It is the replay's own D(t_stop), which depends on when the policy
 finishes. If the relaxation cannot finish every job by t_end, no replay stops early and the
@@ -124,6 +134,9 @@ MAX_VARIABLES = 200_000
 SLACK = 1e-6
 #: How far above the bound a replay's E_avail may lie before it is called a bug.
 TOLERANCE = 1e-6
+#: With an admission limit, the queue's order is checked at about this many bucket ends (each
+#: adds a variable per job submitted by then; any subset of checkpoints gives a valid bound).
+QUEUE_CHECKPOINTS = 4
 #: GLPK's limit per LP, seconds (the largest take a few); a time-out gives no bound, never a
 #: wrong one (only proven optima are used).
 LP_TIME_LIMIT = 120.0
@@ -269,7 +282,7 @@ class _Classes:
     """
 
     members: list[np.ndarray]  # job indices
-    submit: np.ndarray  # s_j, per job
+    submit: np.ndarray  # s_j, per job (the jobs are in the replay's queue order)
     work: np.ndarray  # W_j, per job
     inv_p1: np.ndarray  # 1 / P(1), per class
     widths: list[np.ndarray]  # hull pieces, per class
@@ -404,7 +417,9 @@ class _Instance:
         )
         # Work: one cap per job; a pooled class's samples run through cumulative variables
         # S_cb = Σ_{b' ≤ b} samples (units of its work), capped where its members arrive.
-        single = [c for c in sorted(by_class) if len(jobs.members[c]) == 1]
+        # With an admission limit every class keeps cumulative samples: the queue's checkpoints
+        # (below) bound them bucket by bucket.
+        single = [c for c in sorted(by_class) if len(jobs.members[c]) == 1 and self.slots is None]
         m.work = pyo.Constraint(
             single,
             rule=lambda m, c: (
@@ -415,7 +430,7 @@ class _Instance:
                 <= 1
             ),
         )
-        pooled = [c for c in sorted(by_class) if len(jobs.members[c]) > 1]
+        pooled = [c for c in sorted(by_class) if c not in single]
         steps = [(c, b) for c in pooled for b in range(len(ends))]
         m.cum = pyo.Var(steps, bounds=(0.0, 1.0))
         by_class_bucket: dict[tuple[int, int], list[int]] = {}
@@ -506,7 +521,56 @@ class _Instance:
                 by_pair_bucket.get(last, []),
                 rule=lambda m, n: m.tau[n] <= pairs[n][3] * length / scale * m.lam,
             )
+        self._queue(m, ends, pooled)
         return m, rows
+
+    def _queue(self, m: pyo.ConcreteModel, ends: np.ndarray, pooled: list[int]) -> None:
+        """First come first served, at checkpoints: at most ``slots`` jobs admitted and not done.
+
+        At a checkpoint e (a bucket's end), z_j ∈ [0, 1] stands for "job j admitted by e" and
+        x_j for its share of the work done by e. The replay admits in queue order, so z falls
+        along the queue (z_j ≥ z_{j+1}) and is 0 for a job not yet submitted; a job has samples
+        only once admitted (a class's samples are at most Σ_{j∈c} W_j·z_j); and it leaves its
+        slot only when done, so Σ_j (z_j − x_j) ≤ slots. With Σ_{j∈c} x_j ≤ S_c / min_{j∈c} W_j
+        (S_c: the class's samples by e) this is linear in the class's cumulative samples.
+        Without it the LP would give the slots to the best-scaling jobs of the whole queue and
+        never admit the others, which no first-come-first-served replay can do.
+        """
+        jobs = self.jobs
+        nb = len(ends)
+        step = max(1, nb // QUEUE_CHECKPOINTS)
+        checks = sorted({*range(step - 1, nb, step), nb - 1})
+        cls = np.empty(len(jobs.submit), dtype=np.int64)
+        for c, members in enumerate(jobs.members):
+            cls[members] = c
+        total = {c: float(jobs.work[jobs.members[c]].sum()) for c in pooled}
+        least = {c: float(jobs.work[jobs.members[c]].min()) for c in pooled}
+        keys = [(b, j) for b in checks for j in np.flatnonzero(jobs.submit <= ends[b]).tolist()]
+        m.z = pyo.Var(keys, bounds=(0.0, 1.0))
+        by_check: dict[int, list[int]] = {}
+        for b, j in keys:
+            by_check.setdefault(b, []).append(j)
+        m.fcfs = pyo.Constraint(
+            [(b, j) for b, js in by_check.items() for j in js[1:]],
+            rule=lambda m, b, j: m.z[b, j] <= m.z[b, j - 1],
+        )
+        m.admitted_work = pyo.Constraint(
+            [(b, c) for b in by_check for c in pooled],
+            rule=lambda m, b, c: (
+                m.cum[c, b]
+                <= sum(
+                    float(jobs.work[j]) / total[c] * m.z[b, j] for j in by_check[b] if cls[j] == c
+                )
+            ),
+        )
+        m.in_slots = pyo.Constraint(
+            sorted(by_check),
+            rule=lambda m, b: (
+                sum(m.z[b, j] for j in by_check[b])
+                - sum(total[c] / least[c] * m.cum[c, b] for c in pooled)
+                <= self.slots
+            ),
+        )
 
     def _solve(self, m: pyo.ConcreteModel) -> None:
         began = self._began  # set when the model's building began
@@ -610,6 +674,8 @@ def e_avail_bound(
     total_idle = float(profile.cumulative[-1])
     if total_idle <= 0:
         return Bound(None, 0.0, None, note="no idle node-seconds in the window")
+    # The replay's queue: by submission, ties in the given order (a stable sort, as it sorts).
+    jobs = sorted(jobs, key=lambda j: j.submit_s)
     # A job is admitted at the first event (the window's start or a trace change) at or after
     # its submission, or never when none is left in the window: it then counts nothing.
     events = profile.times[:-1]

@@ -233,6 +233,36 @@ def test_the_admission_limit_tightens_the_bound_and_it_still_holds() -> None:
         assert s["E_avail"] <= limited * (1 + SLACK)
 
 
+def test_the_bound_follows_the_queues_order() -> None:
+    # Ten jobs that barely scale and ten that scale linearly, two slots, eight nodes (a ninth
+    # comes and goes, so that the replay has events to admit at). First come first served, the
+    # replay must work through the queue's head before it reaches the rest; the bound now
+    # knows that, so a queue that starts with the poor scalers has a lower bound than the
+    # same jobs with the scalable ones first, and no policy beats either.
+    trace = idle_trace(
+        [True] * 8 + [False], [(t, 8, t % 100 == 0) for t in range(50, 1000, 50)], 1000
+    )
+    poor = ((0, 1, 2, 4, 8), (0, 100, 110, 120, 125))
+    linear = ((0, 1, 2, 4, 8), (0, 100, 200, 400, 800))
+
+    def queue(order: str) -> list[Job]:
+        return [
+            _job(f"{k}{i}", *(poor if k == "p" else linear), work=40_000, max_nodes=8)
+            for i, k in enumerate(order)
+        ]
+
+    config = ReplayConfig(tfwd=100, max_jobs=2)
+    bounds = {}
+    for order in ("p" * 10 + "l" * 10, "l" * 10 + "p" * 10, "pl" * 10):
+        jobs = queue(order)
+        bounds[order] = e_avail_bound(trace, jobs, max_jobs=config.max_jobs).value
+        for policy in POLICIES.values():
+            s = replay(trace, jobs, policy, config).summary
+            assert s["E_avail"] <= bounds[order] * (1 + SLACK)
+    assert bounds["p" * 10 + "l" * 10] < bounds["l" * 10 + "p" * 10] * (1 - 1e-2)
+    assert bounds["pl" * 10] < bounds["l" * 10 + "p" * 10] * (1 - 1e-2)
+
+
 def test_pooling_identical_jobs_only_relaxes(monkeypatch) -> None:
     # Too many columns: the ten identical shufflenet jobs become one class, their work caps one
     # cap on what has been submitted so far. The same buckets, a weaker but valid bound.
