@@ -49,9 +49,8 @@ concave f is superadditive, so splitting a class's node-seconds among its member
 it), and the class's samples up to the end of bucket b are at most the work of its members
 submitted by then. The queue's terms see a class's samples S_c only: at most Σ_{j∈c} W_j·z_j,
 and Σ_{j∈c} x_j ≤ S_c / min_{j∈c} W_j. Every per-job solution sums to a pooled one, so pooling
-only relaxes; on
-the dev week's identical jobs it gives the same value. If that is still too large, the
-buckets are coarsened.
+only relaxes; on the dev week's identical jobs it gives the same value. If that is still too
+large, the buckets are coarsened.
 
 **Why it bounds every replay.** Take any replay and let n_j(t) be job j's node count (an integer
 in {0} ∪ [1, max_j], constant between events, zero before s_j). Its samples in
@@ -540,33 +539,29 @@ class _Instance:
         nb = len(ends)
         step = max(1, nb // QUEUE_CHECKPOINTS)
         checks = sorted({*range(step - 1, nb, step), nb - 1})
-        cls = np.empty(len(jobs.submit), dtype=np.int64)
-        for c, members in enumerate(jobs.members):
-            cls[members] = c
         total = {c: float(jobs.work[jobs.members[c]].sum()) for c in pooled}
         least = {c: float(jobs.work[jobs.members[c]].min()) for c in pooled}
-        keys = [(b, j) for b in checks for j in np.flatnonzero(jobs.submit <= ends[b]).tolist()]
-        m.z = pyo.Var(keys, bounds=(0.0, 1.0))
-        by_check: dict[int, list[int]] = {}
-        for b, j in keys:
-            by_check.setdefault(b, []).append(j)
+        # The jobs submitted by a checkpoint are a prefix of the queue: 0 .. known[b] − 1.
+        known = {b: int(np.count_nonzero(jobs.submit <= ends[b])) for b in checks}
+        m.z = pyo.Var([(b, j) for b in checks for j in range(known[b])], bounds=(0.0, 1.0))
         m.fcfs = pyo.Constraint(
-            [(b, j) for b, js in by_check.items() for j in js[1:]],
+            [(b, j) for b in checks for j in range(1, known[b])],
             rule=lambda m, b, j: m.z[b, j] <= m.z[b, j - 1],
         )
         m.admitted_work = pyo.Constraint(
-            [(b, c) for b in by_check for c in pooled],
+            [(b, c) for b in checks for c in pooled],
             rule=lambda m, b, c: (
                 m.cum[c, b]
                 <= sum(
-                    float(jobs.work[j]) / total[c] * m.z[b, j] for j in by_check[b] if cls[j] == c
+                    float(jobs.work[j]) / total[c] * m.z[b, j]
+                    for j in jobs.members[c][jobs.members[c] < known[b]].tolist()
                 )
             ),
         )
         m.in_slots = pyo.Constraint(
-            sorted(by_check),
+            checks,
             rule=lambda m, b: (
-                sum(m.z[b, j] for j in by_check[b])
+                sum(m.z[b, j] for j in range(known[b]))
                 - sum(total[c] / least[c] * m.cum[c, b] for c in pooled)
                 <= self.slots
             ),
