@@ -202,7 +202,7 @@ class Calibration:
         return tuple(range(nodes + 1)), (0.0, *rates)
 
 
-def _launch(world: int, d: Path, i: int, ckpt_every: int) -> subprocess.Popen:
+def _launch(world: int, d: Path, i: int, ckpt_every: int | None) -> subprocess.Popen:
     """Fragment ``i`` of the task in ``d`` on ``world`` ranks (its own process group)."""
     argv = mpiexec_argv(world) + worker_argv(
         TASK,
@@ -238,7 +238,7 @@ def _starts(d: Path) -> int:
     return sum(r["event"] == "start" for r in read_reports(d / "progress.jsonl"))
 
 
-def calibrate(d: Path, nodes: int, seconds: float, ckpt_every: int) -> Calibration:
+def calibrate(d: Path, nodes: int, seconds: float, ckpt_every: int | None) -> Calibration:
     """World 1, 2, …, nodes, then 1 again, each resumed from the last one's checkpoint, with
     nodes - w one-rank fillers (P(1): every 1-rank fragment's rate)."""
     main, load, rates = d / "main", Load(), {}
@@ -498,7 +498,7 @@ def main() -> int:
         "--min-hole", type=float, help="shortest idle piece, wall s (default max(15, duration / 6))"
     )
     ap.add_argument("--calibrate-s", type=float, default=15.0, help="s per calibration world")
-    ap.add_argument("--checkpoint-every", type=int, default=20, help="steps (executor default)")
+    ap.add_argument("--checkpoint-every", type=int, help="steps (default: the executor's, auto)")
     ap.add_argument("--notice", type=float, default=1.0, help="walltime_notice_s (default 1)")
     ap.add_argument(
         "--quiet-wait",

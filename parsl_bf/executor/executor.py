@@ -51,7 +51,7 @@ from pydantic import ValidationError
 
 from .. import environment
 from ..allocation import AllocatorSettings
-from ..providers.base import SettingError
+from ..providers.base import SettingError, check_count
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
 from ..training.resize import GrowRequest, ShrinkRequest
@@ -134,8 +134,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         mapping under the executor. The replay takes the same settings.
     max_tasks : int
         The most elastic tasks running at once (first come first served).
-    checkpoint_every : int
-        Training steps between checkpoints (bounds the work a preemption can lose).
+    checkpoint_every : int or None
+        Training steps between checkpoints: what a preemption without notice can lose. None
+        (the default): every 20 steps, but never more than 2 % of the time spent writing
+        checkpoints (:class:`parsl_bf.training.checkpoint.Cadence`), so that fast steps do not
+        checkpoint many times a second and slow-to-save models do not spend their holes
+        saving; a preemption then loses at most the longer of 20 steps and 50 × one
+        checkpoint's duration.
     checkpoint_dir : str or None
         Where elastic tasks keep their checkpoints, one directory per task key, so that a rerun
         of the workflow after a crash of the driver continues each unfinished task from its
@@ -205,7 +210,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         provider: ExecutionProvider | None = None,
         allocator: AllocatorSettings | dict[str, Any] | None = None,
         max_tasks: int = 10,
-        checkpoint_every: int = 20,
+        checkpoint_every: int | None = None,
         checkpoint_dir: str | None = None,
         max_restarts: int = 3,
         min_node_life_s: float | None = None,
@@ -233,6 +238,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         # Apps run in processes on the pilots, which share the run directory's file system.
         self.remote_monitoring_radio = remote_monitoring_radio or FilesystemRadio()
         self.allocator = allocator_settings(allocator)
+        if checkpoint_every is not None:
+            checkpoint_every = check_count("checkpoint_every", checkpoint_every)
         self.max_tasks, self.checkpoint_every = max_tasks, checkpoint_every
         self.checkpoint_dir, self.max_restarts = checkpoint_dir, max_restarts
         self.min_node_life_s = min_node_life_s

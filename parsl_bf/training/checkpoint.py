@@ -45,6 +45,9 @@ import torch
 from . import handover as _handover
 
 __all__ = [
+    "AUTO_MAX_OVERHEAD",
+    "AUTO_STEPS",
+    "Cadence",
     "CheckpointError",
     "FORMAT",
     "agreed_latest",
@@ -73,6 +76,47 @@ _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray)
 _DICTS = (dict, collections.OrderedDict, collections.Counter)
 #: What a check returns: why a checkpoint's state does not fit, or None.
 Check = Callable[[dict[str, Any]], "str | None"]
+
+
+#: ``checkpoint_every=None`` ("auto"): a checkpoint every this many steps at most, and...
+AUTO_STEPS = 20
+#: ...no more of the training time spent writing checkpoints than this. Fixed steps alone are
+#: wrong at both ends: the digits example's 1.6 ms steps spent 13 % of their time in a
+#: checkpoint every 20 steps.
+AUTO_MAX_OVERHEAD = 0.02
+
+
+class Cadence:
+    """When rank 0 writes a periodic checkpoint (a stop's checkpoint is always written).
+
+    ``every`` steps: at each multiple of it, exactly (what a preemption can lose is at most
+    ``every`` steps). ``None`` ("auto"): at least :data:`AUTO_STEPS` steps after the last one
+    and, so that writing takes at most :data:`AUTO_MAX_OVERHEAD` of the time, at least its
+    duration ÷ that after it ended; a preemption then loses at most the longer of the two.
+    Plain data and the clock's readings passed in, so that it is tested without one.
+    """
+
+    def __init__(self, every: int | None, steps: int = 0) -> None:
+        """``steps``: the count the run starts from (a resumed one: its checkpoint's)."""
+        if every is not None and every < 1:
+            raise ValueError(f"checkpoint_every: {every} is not a positive number of steps")
+        self.every = every
+        self.last_steps = steps  # steps at the last checkpoint, or at the start
+        self.last_end = float("-inf")  # when it was written
+        self.cost = 0.0  # how long it took, s
+
+    def due(self, steps: int, now: float) -> bool:
+        """Whether the step that brought the count to ``steps`` ends with a checkpoint."""
+        if self.every is not None:
+            return steps % self.every == 0
+        return (
+            steps - self.last_steps >= AUTO_STEPS
+            and now - self.last_end >= self.cost / AUTO_MAX_OVERHEAD
+        )
+
+    def saved(self, steps: int, began: float, ended: float) -> None:
+        """A checkpoint at ``steps`` was written from ``began`` to ``ended``."""
+        self.last_steps, self.last_end, self.cost = steps, ended, max(0.0, ended - began)
 
 
 class CheckpointError(RuntimeError):

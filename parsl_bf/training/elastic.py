@@ -44,6 +44,7 @@ from mpi4py import MPI
 
 from .batches import open_samples
 from .checkpoint import (
+    Cadence,
     agreed_latest,
     mismatch,
     rng_state,
@@ -84,7 +85,7 @@ class Session:
     comm: MPI.Comm
     checkpoint_dir: Path | None
     work: int | None = None
-    checkpoint_every: int = 20
+    checkpoint_every: int | None = None  # steps; None: auto (checkpoint.Cadence)
     reports: ReportSink = field(default_factory=lambda: ReportSink(None))
     should_stop: Callable[[], bool] = lambda: False
     before_load: Callable[[], Any] = lambda: None  # returns a handover.Receiver or None
@@ -105,6 +106,7 @@ class Session:
     _began: float = field(default_factory=time.time)
     _first_step: bool = True
     _last: tuple[float, int] = (0.0, 0)
+    _cadence: Cadence | None = None
 
     def save_checkpoint(self, stopped: bool = False, at_pass_end: bool = False) -> None:
         """Rank 0 writes the state, the loader's position and the RNGs; all ranks wait."""
@@ -133,9 +135,13 @@ class Session:
     def after_step(self, batch: int, pass_end: int) -> bool:
         """Account a global step (of a loader pass that ends at ``pass_end`` samples); True if
         the loop must stop now (checkpointed)."""
+        if self._cadence is None:
+            self._cadence = Cadence(self.checkpoint_every, self.steps)
         self.samples += batch
         self.steps += 1
-        shared = np.array([float(self.should_stop())])
+        # Rank 0 times the checkpoints: its "due" rides on the step's stop flag to every rank.
+        due = self.comm.rank == 0 and self._cadence.due(self.steps, time.time())
+        shared = np.array([float(self.should_stop()), float(due)])
         self.comm.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
         now = time.time()
         if self.comm.rank == 0:
@@ -163,8 +169,10 @@ class Session:
             self.status = "stopped"
             self.save_checkpoint(stopped=True, at_pass_end=self.samples >= pass_end)
             return True
-        if self.steps % self.checkpoint_every == 0:
+        if shared[1] > 0:
+            began = time.time()
             self.save_checkpoint(at_pass_end=self.samples >= pass_end)
+            self._cadence.saved(self.steps, began, time.time())
         return False
 
 

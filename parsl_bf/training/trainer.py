@@ -29,6 +29,7 @@ from mpi4py import MPI
 from .. import environment
 from .batches import open_samples, to_device
 from .checkpoint import (
+    Cadence,
     agreed_latest,
     mismatch,
     rng_state,
@@ -308,7 +309,7 @@ class ElasticTrainer:
         comm: MPI.Comm,
         checkpoint_dir: str | Path,
         work: int,
-        checkpoint_every: int = 20,
+        checkpoint_every: int | None = None,
         reports: ReportSink | None = None,
         should_stop: Callable[[], bool] = lambda: False,
         report_every: int = 5,
@@ -465,6 +466,7 @@ class ElasticTrainer:
         loss_value: float | None = None
         last_t, last_samples = None, samples
         first_step_at = None
+        cadence = Cadence(self.checkpoint_every, steps)
         status = "done"
         # An in-place resize's report (its event; the world before; when it was agreed on, and
         # when the communicator of the new size was set up), until the first step after it
@@ -549,8 +551,9 @@ class ElasticTrainer:
                 if (stop or planned) and samples < self.work:
                     status = "stopped"
                     break
-                if steps % self.checkpoint_every == 0:
+                if cadence.due(steps, now):
                     self._save(saved, samples, steps, None)
+                    cadence.saved(steps, now, time.time())
                 if resize and samples < self.work:
                     self.resize_at = None
                     action = self._agree_resize(world, min(task.global_batch, n))

@@ -186,6 +186,17 @@ def _loop_outcome(loop: elastic.Session) -> TrainOutcome:
     )
 
 
+def _steps(text: str) -> int:
+    """A positive step count (argparse's type for ``--checkpoint-every``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of steps")
+    return value
+
+
 def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     """Run one rank; ``started_at``: when this rank's start began, if not at the process's
     start (a warm standby that took the job then, :mod:`.standby`)."""
@@ -196,7 +207,12 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     ap.add_argument("--options", default="{}", help="JSON keyword arguments for the task")
     ap.add_argument("--work", type=int, required=True, help="samples to train in total")
     ap.add_argument("--checkpoint-dir", type=Path, required=True)
-    ap.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=_steps,
+        help="steps between checkpoints (default: every 20 steps, but at most 2 %% of the time "
+        "spent writing them)",
+    )
     ap.add_argument("--report", type=Path, help="progress report file (JSON lines)")
     ap.add_argument("--result", type=Path, help="result file written by rank 0 (JSON)")
     ap.add_argument("--rendezvous", type=Path, help="directory shared by the groups")

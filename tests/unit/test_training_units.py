@@ -20,7 +20,7 @@ from parsl_bf.training import (
     save_checkpoint,
     step_indices,
 )
-from parsl_bf.training.checkpoint import checkpoints
+from parsl_bf.training.checkpoint import AUTO_MAX_OVERHEAD, AUTO_STEPS, Cadence, checkpoints
 from parsl_bf.training.data import step_batch
 from parsl_bf.training.exchange import fingerprint
 
@@ -154,3 +154,42 @@ def test_report_tail_reads_only_new_complete_lines(tmp_path) -> None:
     assert tail.read() == []
     path.write_text('{"event": "done"}\n')  # written anew (shorter): read from the start
     assert tail.read() == [{"event": "done"}]
+
+
+def test_a_fixed_cadence_checkpoints_at_every_multiple_whatever_the_clock() -> None:
+    cadence = Cadence(20, steps=35)  # resumed at step 35: the multiples stay where they were
+    due = [k for k in range(36, 101) if cadence.due(k, now=0.0)]
+    assert due == [40, 60, 80, 100]
+    with pytest.raises(ValueError, match="positive"):
+        Cadence(0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    step_s=st.floats(1e-4, 2.0),
+    cost_s=st.floats(0.0, 5.0),
+    start=st.integers(0, 10**6),
+)
+def test_the_auto_cadence_keeps_checkpoints_under_their_share_of_the_time(step_s, cost_s, start):
+    """Steps of ``step_s``, each checkpoint taking ``cost_s``: at least AUTO_STEPS steps apart,
+    and in the long run at most AUTO_MAX_OVERHEAD of the time spent writing (plus one step's
+    rounding); a cheap checkpoint comes every AUTO_STEPS steps."""
+    cadence = Cadence(None, steps=start)
+    now, writing, saves, last = 0.0, 0.0, [], start
+    for k in range(start + 1, start + 4001):
+        now += step_s
+        if cadence.due(k, now):
+            assert k - last >= AUTO_STEPS
+            cadence.saved(k, now, now + cost_s)
+            now += cost_s
+            writing += cost_s
+            saves.append(k)
+            last = k
+    assert saves  # 4,000 steps hold at least one checkpoint whatever the costs here
+    if cost_s <= AUTO_MAX_OVERHEAD * AUTO_STEPS * step_s:
+        # Cheap: the fixed step count decides.
+        assert saves[1:] == [saves[0] + AUTO_STEPS * i for i in range(1, len(saves))]
+    else:  # expensive: the time between two checkpoints pays for them, to within one step
+        floor, eps = cost_s / AUTO_MAX_OVERHEAD, 1e-9 * (1 + cost_s / AUTO_MAX_OVERHEAD)
+        for a, b in zip(saves, saves[1:], strict=False):
+            assert floor - eps <= (b - a) * step_s <= floor + step_s + eps
