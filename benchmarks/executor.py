@@ -8,8 +8,11 @@ What it measures, in one run (``--quick``: a shorter window and calibration):
    (:func:`parsl_bf.replay.windows.choose_window`), played in ``--duration`` wall seconds.
 2. **Calibration** of the example task (``digits_cnn``, width 8, global batch 64) with real
    ``mpiexec`` ranks, run like the executor runs them: world 1, 2, …, ``--nodes``, then 1
-   again, each resumed from the previous one's checkpoint after a SIGTERM → P(w) (median of
-   the step reports) and the rescale cost (a successor's ``first_step_at - stopped_at``).
+   again, each resumed from the previous one's checkpoint after a SIGTERM → P(w) and the
+   rescale cost (a successor's ``first_step_at - stopped_at``). P(w) is the rate sustained
+   between step reports (:func:`parsl_bf.training.reports.step_spans`: Σ samples ÷ Σ seconds),
+   periodic checkpoints and slow steps included, as the runs pay them; the median of the
+   reports' rates, which leaves both out and came out 3–4 % higher, is printed beside it.
    While a world-w fragment is measured, nodes − w one-rank "filler" fragments keep the other
    cores busy, as the other emulated nodes are in the runs.
 3. **Real runs**, three times on the same window: walltime-aware (``min_node_life_s`` = 2 ×
@@ -27,8 +30,8 @@ What it measures, in one run (``--quick``: a shorter window and calibration):
 Accounting as in docs/replay.md ("Accounting"): util = allocated ÷ idle node-seconds, E_used
 and E_avail = Σ samples / P(1) ÷ allocated and ÷ idle node-seconds. A pilot holds its node
 until its processes have exited after the SIGTERM at its hole's end, so util (and "held") can
-exceed 1 slightly. "E_av*" is E_avail with the run's own P(1) (median step rate of its 1-rank
-fragments) in place of the calibration's. An efficiency above the most the calibrated curve
+exceed 1 slightly. "E_av*" is E_avail with the run's own P(1) (the rate its 1-rank fragments
+sustained) in place of the calibration's. An efficiency above the most the calibrated curve
 allows (max P(n) / (n·P(1)), 1 for sublinear scaling) cannot be true (P(1) measured under other
 contention than the run): it is printed as IMPOSSIBLE, left out of the table and the JSON line,
 and listed under ``impossible``. A run is marked noisy (``"noisy": true`` and
@@ -190,7 +193,8 @@ def wait_quiet(max_wait: float, threshold: float = 0.5, probe: float = 2.0) -> N
 
 @dataclass
 class Calibration:
-    rates: dict[int, float]  # world → samples/s
+    rates: dict[int, float]  # world → samples/s sustained (checkpoints included)
+    step_medians: dict[int, float]  # world → median of the step reports' rates (for reference)
     rescale: float  # median s from a fragment's stop to its successor's first step
     others: float  # cores used by other processes meanwhile
 
@@ -241,7 +245,7 @@ def _starts(d: Path) -> int:
 def calibrate(d: Path, nodes: int, seconds: float, ckpt_every: int | None) -> Calibration:
     """World 1, 2, …, nodes, then 1 again, each resumed from the last one's checkpoint, with
     nodes - w one-rank fillers (P(1): every 1-rank fragment's rate)."""
-    main, load, rates = d / "main", Load(), {}
+    main, load, rates, medians = d / "main", Load(), {}, {}
     worlds = [*range(1, nodes + 1), 1]
     for i, world in enumerate(worlds):
         last = i == len(worlds) - 1  # only its restart is measured
@@ -261,16 +265,24 @@ def calibrate(d: Path, nodes: int, seconds: float, ckpt_every: int | None) -> Ca
                 _stop_group(proc)
         if not last:
             measured = [main, *fillers] if world == 1 else [main]
-            reports = [r for x in measured for r in read_reports(x / "progress.jsonl")]
-            steps = ScalingProfiler([r for r in reports if r["t"] >= began]).rates[world]
-            rates[world] = statistics.median(steps)
+            profiles = [
+                ScalingProfiler([r for r in read_reports(x / "progress.jsonl") if r["t"] >= began])
+                for x in measured
+            ]
+            # Each fragment's spans on its own (they ran at once): together, one node's rate.
+            spans = [span for p in profiles for span in p.spans[world]]
+            if not spans:
+                raise SystemExit(f"calibration world {world}: no step reports: see {d}")
+            rates[world] = sum(n for n, _ in spans) / sum(dt for _, dt in spans)
+            medians[world] = statistics.median(x for p in profiles for x in p.rates[world])
             note(
                 f"calibration: world {world} (+{len(fillers)} one-rank fillers): "
-                f"{rates[world]:.0f} samples/s ({len(steps)} reports)"
+                f"{rates[world]:.0f} samples/s sustained, median step rate "
+                f"{medians[world]:.0f} ({len(spans)} reports)"
             )
     rescale = ScalingProfiler(read_reports(main / "progress.jsonl")).rescale_s
     note("calibration: rescale (stop → first step) " + ", ".join(f"{x:.2f}" for x in rescale))
-    return Calibration(rates, statistics.median(rescale), load.others())
+    return Calibration(rates, medians, statistics.median(rescale), load.others())
 
 
 # --- real runs and the replay -----------------------------------------------------------------
@@ -467,7 +479,7 @@ P1_DRIFT = 0.10  # a run's own P(1) this far from the calibration's: other conte
 def noise(rows: dict[str, dict], p1: float) -> list[str]:
     """Why the run's figures are not to be trusted, [] if nothing says so: an efficiency above
     1 + ``E_SLACK`` (no node does more than one node's work), or a run whose own P(1) (its
-    1-rank fragments' median step rate) differs from the calibration's by more than
+    1-rank fragments' sustained rate) differs from the calibration's by more than
     ``P1_DRIFT`` (the two were measured under different contention, so E, which divides by
     the calibration's P(1), is off by as much)."""
     reasons = []
@@ -571,7 +583,7 @@ def main() -> int:
     rows = {}
     for name, run in runs.items():
         r = run.figures
-        rate1 = statistics.median(r.rates1) if r.rates1 else None
+        rate1 = r.sustained1
         rows[name] = {
             "samples": r.samples,
             **efficiency(r.samples, p1, r.alloc_node_s, idle),
@@ -596,8 +608,10 @@ def main() -> int:
     impossible = _impossible(rows, cal.rates)
     print(head)
     curve = ", ".join(f"P({n}) {v:.0f}" for n, v in sorted(cal.rates.items()))
+    medians = ", ".join(f"{v:.0f}" for _, v in sorted(cal.step_medians.items()))
     print(
-        f"calibration: {curve} samples/s; rescale {cal.rescale:.2f} s; "
+        f"calibration: {curve} samples/s sustained (median step rates {medians}); "
+        f"rescale {cal.rescale:.2f} s; "
         f"T_fwd {args.tfwd:.1f} s; aware min_node_life_s {aware_life:.1f} s; other "
         f"processes used {cal.others:.2f} cores meanwhile\n"
     )
@@ -637,8 +651,9 @@ def main() -> int:
         "the calibration's cost); replay+: the costs the aware and paper runs paid, a start "
         f"from 0 nodes {costs.start:.2f} s × P(n) and a rescale {costs.rescale:.2f} s × P(c) "
         f"({costs.source}); "
-        "held = pilot node-s / idle node-s; E_av* = E_avail with P(1) run (the median step rate "
-        "of the run's 1-rank fragments; replay: the calibration's) instead of the calibration's "
+        "held = pilot node-s / idle node-s; P(n): samples/s sustained between step reports, "
+        "checkpoints included; E_av* = E_avail with P(1) run (the rate the run's 1-rank "
+        "fragments sustained; replay: the calibration's) instead of the calibration's "
         "P(1); decisions in s; replay lost = its preemption charge R·P; others = cores used by "
         "other processes on the machine (replay: during the calibration)"
     )
@@ -681,6 +696,7 @@ def main() -> int:
             **{k: round(run.others, 2) for k, run in runs.items()},
         },
         "P_samples_per_s": {str(k): round(v, 1) for k, v in cal.rates.items()},
+        "P_median_step_samples_per_s": {str(k): round(v, 1) for k, v in cal.step_medians.items()},
         "rescale_s": round(cal.rescale, 3),
         "replay_charged_costs_s": {
             "start": round(costs.start, 3),

@@ -1,6 +1,7 @@
 """The pilot agent: runs inside each pilot job and starts processes for the executor.
 
-``python -m parsl_bf.executor.agent --url URL --secret-file FILE [--heartbeat-s 1.0]``
+``python -m parsl_bf.executor.agent --url URL --secret-file FILE [--heartbeat-s 1.0]
+[--warm-ranks MPIEXEC]``
 
 It registers with the executor's :class:`~parsl_bf.executor.channel.PilotServer` (who it is:
 ``PARSL_BF_JOB_ID``, ``PARSL_BF_NODES``, ``PARSL_BF_PILOT_END``, as the providers export them)
@@ -28,6 +29,10 @@ Fragments' ranks (a ``launch`` with ``"ranks"``) start on standby ranks of the a
 :class:`~parsl_bf.executor.ranks.RankPool` (kept once the executor says ``warm_ranks``: there
 is training to do), each rank its own ``mpiexec -n 1``, cold when no standby is ready; the
 ranks of one launch are one process to the executor (:class:`~parsl_bf.executor.ranks.RankGroup`).
+A pilot submitted once there is training (``--warm-ranks MPIEXEC``) starts its standbys, one per
+node and GPU, before it registers: their imports then overlap the pilot's registration and the
+executor's decision, instead of following them, and a fragment's first start on a fresh pilot
+waits that much less.
 
 Exit codes: 0 done (shutdown, preemption, pilot script gone), 2 bad arguments or secret file,
 3 no ``welcome`` from the server (wrong secret or URL), 4 the driver fell silent.
@@ -213,8 +218,10 @@ class Agent:
         identity: Identity,
         heartbeat_s: float = 1.0,
         welcome_timeout_s: float = 30.0,
+        warm_ranks: str | None = None,
     ) -> None:
         self.url, self.secret, self.identity = url, secret, identity
+        self.warm_ranks = warm_ranks  # the mpiexec of standbys started at once; None: when asked
         self.heartbeat_s, self.welcome_timeout_s = heartbeat_s, welcome_timeout_s
         self.session = AgentSession(secret)
         self.refusals = RefusalLog(lambda refused: None, log)  # rate-limited log lines only
@@ -528,6 +535,8 @@ class Agent:
 
     def _serve(self, poller: zmq.Poller, wake_r: int) -> int:
         i = self.identity
+        if self.warm_ranks is not None:  # the size the executor's warm_ranks would ask for
+            self._start_pool(len(i.nodes) * max(1, i.gpus), self.warm_ranks)
         registration = {"pilot": i.pilot, "nodes": list(i.nodes), "ends_at": i.ends_at}
         registration |= {"host": i.host, "gpus": i.gpus}
         self._sock.send_multipart(self.session.register(registration))
@@ -626,6 +635,12 @@ def main(argv: list[str] | None = None) -> int:
         default=30.0,
         help="exit 3 if the server has not answered the registration by then",
     )
+    parser.add_argument(
+        "--warm-ranks",
+        metavar="MPIEXEC",
+        help="start a standby rank per node (per GPU) with this mpiexec before registering, "
+        "rather than when the executor asks",
+    )
     args = parser.parse_args(argv)
     identity = Identity.from_env()
     logging.basicConfig(
@@ -640,7 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.heartbeat_s <= 0:
         parser.error("--heartbeat-s must be positive")
-    return Agent(args.url, secret, identity, args.heartbeat_s, args.welcome_timeout_s).run()
+    agent = Agent(
+        args.url, secret, identity, args.heartbeat_s, args.welcome_timeout_s, args.warm_ranks
+    )
+    return agent.run()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..training.reports import step_spans
+
 __all__ = [
     "E_SLACK",
     "PREEMPTING",
@@ -73,6 +75,14 @@ class RunFigures:
     fresh_startup_s: list[float] = field(default_factory=list)
     handover_s: list[float] = field(default_factory=list)
     rates1: list[float] = field(default_factory=list)  # samples/s of 1-rank steps from t0
+    #: (samples, seconds) between consecutive 1-rank step reports from t0 (``step_spans``)
+    spans1: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def sustained1(self) -> float | None:
+        """Samples/s that 1-rank fragments sustained, checkpoints included (None: no span)."""
+        seconds = sum(s for _, s in self.spans1)
+        return sum(n for n, _ in self.spans1) / seconds if seconds > 0 else None
 
 
 def run_figures(
@@ -179,6 +189,7 @@ def _task(
         best = max(best, r["samples"])
         if r["event"] == "step" and r["world"] == 1 and r.get("rate") and r["t"] >= t0:
             res.rates1.append(r["rate"])
+    res.spans1 += [(n, dt) for world, n, dt, t in step_spans(kept) if world == 1 and t >= t0]
     return kept[-1]["samples"] if kept else 0
 
 

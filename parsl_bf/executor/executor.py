@@ -30,6 +30,7 @@ import logging
 import os
 import queue
 import re
+import shlex
 import sys
 import threading
 import time
@@ -322,11 +323,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         super().start()
 
     def _get_launch_command(self, block_id: str) -> str:
+        """The agent's command line; once there is training to do, its standby ranks start
+        with it rather than when it has registered (the first start on a fresh pilot is the
+        one a hole pays in full)."""
         assert self.server is not None
-        return (
+        command = (
             f"{sys.executable} -m parsl_bf.executor.agent --url {self.server.url} "
-            f"--secret-file {self.secret_file}"
+            f"--secret-file {shlex.quote(str(self.secret_file))}"
         )
+        if self.warm_ranks and self._training:
+            command += f" --warm-ranks {shlex.quote(self.mpiexec)}"
+        return command
 
     @property
     def workers_per_node(self) -> int:

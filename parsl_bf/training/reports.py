@@ -17,7 +17,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReportSink", "ReportTail", "read_reports", "write_result", "ScalingProfiler"]
+__all__ = [
+    "ReportSink",
+    "ReportTail",
+    "ScalingProfiler",
+    "read_reports",
+    "step_spans",
+    "write_result",
+]
 
 
 class ReportSink:
@@ -78,17 +85,46 @@ class ReportTail:
         return out
 
 
+def step_spans(reports: list[dict[str, Any]]) -> list[tuple[int, float, float, float]]:
+    """(world, samples, seconds, start t) between each two consecutive ``step`` reports of one
+    run of a fragment (any other report in between, or another world, ends the run). Summed,
+    they give the rate a fragment sustains, periodic checkpoints and every slow step included,
+    which the median of the reports' rates leaves out."""
+    spans, prev = [], None
+    for r in reports:
+        if r["event"] != "step":
+            prev = None
+            continue
+        if prev is not None and prev["world"] == r["world"] and r["t"] > prev["t"]:
+            spans.append((int(r["world"]), r["samples"] - prev["samples"], r["t"] - prev["t"],
+                          prev["t"]))  # fmt: skip
+        prev = r
+    return spans
+
+
 class ScalingProfiler:
-    """Scaling curve (median samples/s per world size) and rescale cost from reports."""
+    """Scaling curve (median samples/s per world size), sustained rates and rescale cost from
+    one fragment's (or task's) reports."""
 
     def __init__(self, reports: list[dict[str, Any]]) -> None:
         self.rates: dict[int, list[float]] = defaultdict(list)
         self.rescale_s: list[float] = []
+        #: world → (samples, seconds) of each span between two step reports (:func:`step_spans`)
+        self.spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for r in reports:
             if r["event"] == "step" and r.get("rate"):
                 self.rates[int(r["world"])].append(float(r["rate"]))
             elif r["event"] == "start" and r.get("stopped_at"):
                 self.rescale_s.append(float(r["first_step_at"]) - float(r["stopped_at"]))
+        for world, samples, seconds, _ in step_spans(reports):
+            self.spans[world].append((samples, seconds))
+
+    def sustained(self, world: int) -> float | None:
+        """Samples/s at ``world`` over all its spans: what training at that size yields per
+        second, checkpoints included (None: no two step reports in a row at that size)."""
+        spans = self.spans.get(world, [])
+        seconds = sum(s for _, s in spans)
+        return sum(n for n, _ in spans) / seconds if seconds > 0 else None
 
     def curve(self) -> tuple[list[int], list[float]]:
         """(node counts, samples/s) from 0, as a TaskSpec curve."""

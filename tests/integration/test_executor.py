@@ -104,6 +104,10 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
         assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(reports))
     events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
     assert any(e["event"] == "decision" and "pilot preempted" in e["causes"] for e in events)
+    # Pilots submitted once there was training started their standbys before registering.
+    agents = (Path(executor.directory) / "submit_scripts").glob("*.stderr")
+    logs = [log.read_text() for log in agents]
+    assert any(0 <= t.find("standby ranks:") < t.find("registering with") for t in logs)
 
 
 def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, **options):

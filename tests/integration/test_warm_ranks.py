@@ -143,3 +143,25 @@ def test_a_rank_launched_while_its_standby_starts_waits_for_it(
     assert text.index("launched frag") < text.index("standby rank ready")  # it was starting
     result = json.loads((tmp_path / "frag" / "result.json").read_text())
     assert result["status"] == "done" and result["samples"] == 2000
+
+
+def test_a_pilot_submitted_for_training_starts_its_standbys_before_it_registers(
+    serve, agent, tmp_path: Path
+) -> None:
+    server, events = serve()
+    # --warm-ranks: the executor had training to do when it submitted this pilot.
+    agent(server.url, "pilot.1", "--warm-ranks", MPIEXEC)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    text = stderr.read_text()
+    assert text.index("standby ranks: 2 starting") < text.index("registering with")
+    # No warm_ranks was sent: the pool is the agent's own, one standby per node.
+    until(lambda: len(_ready_pids(stderr)) == 2, 120, "the standbys never became ready")
+    server.send("pilot.1", {"op": "warm_ranks", "size": 2, "mpiexec": MPIEXEC})  # no second pool
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 2000))
+    events.wait(ProcessExited("pilot.1", "frag", 0), timeout=120)
+    text = stderr.read_text()
+    assert "launched frag: 1 rank(s), 1 warm" in text
+    assert text.count("standby ranks:") == 1
+    result = json.loads((tmp_path / "frag" / "result.json").read_text())
+    assert result["status"] == "done" and result["samples"] == 2000

@@ -33,7 +33,7 @@ def test_shipped_local_config_builds_parsl_objects() -> None:
     # The allocator mapping under the executor is its allocation policy.
     assert config.retries == 2 and executor.allocator.tfwd == "auto"
     assert executor.controller.allocator is executor.allocator
-    assert executor.checkpoint_every == 10 and executor.max_tasks == 10
+    assert executor.checkpoint_every is None and executor.max_tasks == 10
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))

@@ -85,6 +85,16 @@ def test_figures_of_a_run() -> None:
     # None of these starts was a warm hand-over: a's restart waited for a node after its stop.
     assert (f.fresh_startup_s, f.handover_s) == ([2.0, 4.0, 3.0, 2.5], [])
     assert f.rates1 == [60.0, 70.0]  # 1-rank steps from t0 on
+    # Spans between two step reports from t0 on: a's 99 → 120 began before t0, b has one step.
+    assert (f.spans1, f.sustained1) == ([], None)
+
+
+def test_the_sustained_rate_of_a_run_spans_its_one_rank_steps_from_t0() -> None:
+    steps = [{"t": t, "event": "step", "world": 1, "samples": n, "rate": 1.0} for t, n in
+             ((99, 0), (101, 100), (102, 200), (105, 300))]  # fmt: skip
+    f = run_figures([], {"a": steps}, T0, T_END, BATCH)
+    assert f.spans1 == [(100, 1), (100, 3)]
+    assert f.sustained1 == pytest.approx(200 / 4)
 
 
 def test_a_warm_hand_over_holds_the_larger_fragment_until_the_other_stops() -> None:

@@ -23,6 +23,7 @@ from parsl_bf.training import (
 from parsl_bf.training.checkpoint import AUTO_MAX_OVERHEAD, AUTO_STEPS, Cadence, checkpoints
 from parsl_bf.training.data import step_batch
 from parsl_bf.training.exchange import fingerprint
+from parsl_bf.training.reports import step_spans
 
 
 @settings(max_examples=200, deadline=None)
@@ -127,6 +128,26 @@ def test_profiler_learns_the_curve_and_the_rescale_cost(tmp_path) -> None:
     assert profiler.curve() == ([0, 1, 2], [0.0, 100.0, 185.0])
     assert profiler.rescale_cost() == pytest.approx(3.5)
     assert np.all(np.diff(profiler.curve()[0]) > 0)
+
+
+def test_the_sustained_rate_counts_slow_steps_and_no_gap_between_runs() -> None:
+    reports = [
+        {"t": 0.0, "event": "start", "world": 1, "samples": 0},
+        {"t": 1.0, "event": "step", "world": 1, "samples": 100, "rate": 100.0},
+        {"t": 2.0, "event": "step", "world": 1, "samples": 200, "rate": 100.0},
+        {"t": 3.0, "event": "step", "world": 1, "samples": 300, "rate": 100.0},
+        {"t": 5.0, "event": "step", "world": 1, "samples": 400, "rate": 50.0},  # a checkpoint
+        {"t": 6.0, "event": "stopped", "samples": 400},
+        # Restarted at the same size 14 s later: the time without a fragment is no span.
+        {"t": 20.0, "event": "start", "world": 1, "samples": 400},
+        {"t": 21.0, "event": "step", "world": 1, "samples": 500, "rate": 100.0},
+        {"t": 22.0, "event": "step", "world": 2, "samples": 700, "rate": 200.0},
+    ]
+    assert step_spans(reports) == [(1, 100, 1.0, 1.0), (1, 100, 1.0, 2.0), (1, 100, 2.0, 3.0)]
+    profiler = ScalingProfiler(reports)
+    assert profiler.curve()[1][1] == 100.0  # the median leaves the slow step out
+    assert profiler.sustained(1) == pytest.approx(300 / 4)
+    assert profiler.sustained(2) is None  # one step report at that size: no span
 
 
 def test_digits_read_directly_equal_scikit_learns() -> None:
