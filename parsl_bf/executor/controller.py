@@ -43,10 +43,14 @@ object as the replay's), the counts are mapped to nodes without migration
   successor supersedes and that left no result is marked lost (:class:`MarkLost`) so that the
   successor takes over from the last checkpoint. Anything else is a failure of the task. When
   one launcher of several ends alone, the others are stopped.
-- *Pilots*: a pilot that is preempted, cancelled or near its walltime (``walltime_notice_s``)
-  is leaving: its fragments checkpoint now and its nodes are not offered again. A pilot gone
-  takes its processes with it: its plain apps are queued again, its fragments' launchers there
-  count as lost.
+- *Pilots*: a pilot that is preempted, cancelled or near its walltime is leaving: its
+  fragments checkpoint now and its nodes are not offered again. "Near" is the walltime
+  notice: ``walltime_notice_s`` until each task with a fragment on the pilot has stopped
+  cleanly once, then :data:`NOTICE_MARGIN` × their longest recent stop + :data:`NOTICE_SLACK_S`
+  (capped at ``walltime_notice_s``), so that a hole is not cut short by more than its fragments
+  need to checkpoint and exit (:meth:`Controller.next_deadline` says when to look again). A
+  pilot gone takes its processes with it: its plain apps are queued again, its fragments'
+  launchers there count as lost.
 
 Beyond the paper's model:
 - a node's value is its pilot's remaining walltime: growing tasks take the longest-lived nodes,
@@ -103,6 +107,15 @@ Node = str
 
 # Step rates kept per task and world size (the latest): recent enough, and bounded memory.
 MEASURED_KEPT = 100
+#: A pilot's walltime notice, once each task with a fragment on it has stopped cleanly
+#: before: this many times the longest of their recent stops (TERM → exit seen here)...
+NOTICE_MARGIN = 2.0
+#: ...plus this (the decision's and the messages' latency), never above ``walltime_notice_s``.
+#: A stop still under way at the walltime loses nothing: the scheduler's own TERM and grace
+#: follow (Slurm's ``signal_lead_s`` + 5 s, the emulation's ``grace_s``).
+NOTICE_SLACK_S = 0.25
+#: Clean stops remembered per task: a slower stop raises the notice for this many stops.
+STOPS_KEPT = 10
 
 
 def node_id(pilot: str, host: str) -> Node:
@@ -157,6 +170,7 @@ class ElasticTask:
     measured_rescale_s: list[float] = field(default_factory=list)
     measured_shrink_s: list[float] = field(default_factory=list)  # in-place shrinks
     measured_grow_s: list[float] = field(default_factory=list)  # in-place grows
+    stops_s: list[float] = field(default_factory=list)  # clean stops: TERM → last exit, s
     metrics: dict[str, Any] | None = None  # the latest evaluation, for parsl-bf status
     resolved: bool = False  # its future has its result (or error)
     restarts: int = 0  # fragments restarted after a failure (a crashed rank, a lost node)
@@ -230,6 +244,7 @@ class Fragment:
     running: dict[str, str]  # process key → pilot, until it exits or is lost
     result: dict[str, Any] | None = None  # the latest result.json seen at an exit
     stop_reason: str | None = None  # why it was told to stop (TERM sent), None: not told
+    stopped_at: float | None = None  # when it was told
     kill_at: float | None = None  # KILL what is left then
     lost: bool = False  # a launcher went with its pilot
     code: int = 0  # the first non-zero exit code
@@ -274,7 +289,9 @@ class Controller:
         Hand a rescaled fragment over to its successor warm when the nodes allow (module
         docstring); False: always stop first, then start.
     walltime_notice_s
-        A pilot this close to its end is leaving: its fragments checkpoint and stop.
+        A pilot this close to its end is leaving: its fragments checkpoint and stop. The
+        most: once the tasks running there have stopped before, their own stop times set it
+        (:data:`NOTICE_MARGIN`, module docstring).
     handover_timeout_s
         A warm successor not ready by then: its predecessor is stopped anyway (the successor
         takes over from the checkpoint whenever it is ready).
@@ -461,15 +478,45 @@ class Controller:
                     Signal(p, k, "KILL") for k, p in fragment.running.items() if p in self.pilots
                 ]
                 out.append(Note("fragment_kill", _names(fragment)))
+        notices = self.notices()
         ending = [
             v.pilot
             for v in self.pilots.values()
-            if not v.leaving and v.ends_at is not None and v.ends_at - now <= self.walltime_notice_s
+            if not v.leaving and v.ends_at is not None and v.ends_at - now <= notices[v.pilot]
         ]
         for pilot in ending:
             out.append(Note("pilot_ending", {"pilot": pilot}))
             self._on(PilotLeaving(pilot, "walltime"), now, out)
         return bool(ending)
+
+    def notices(self) -> dict[str, float]:
+        """How long before its walltime each pilot's fragments are told to stop (module
+        docstring): what its tasks' recent clean stops took, with a margin; the configured
+        ``walltime_notice_s`` while one of them has not stopped yet, and at most."""
+        tasks: dict[str, set[str]] = {}  # pilot → the tasks with a fragment there
+        for f in self.fragments.values():
+            for pilot in f.running.values():
+                tasks.setdefault(pilot, set()).add(f.task)
+        out = {}
+        for pilot in self.pilots:
+            stops = [self.elastic[t].stops_s for t in tasks.get(pilot, ()) if t in self.elastic]
+            if stops and all(stops):
+                learned = NOTICE_MARGIN * max(max(s) for s in stops) + NOTICE_SLACK_S
+                out[pilot] = min(self.walltime_notice_s, learned)
+            else:
+                out[pilot] = self.walltime_notice_s
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest time a pilot not yet leaving reaches its walltime notice (None: no
+        pilot has a walltime), for the caller to come back with a :class:`Tick` then."""
+        notices = self.notices()
+        times = [
+            v.ends_at - notices[v.pilot]
+            for v in self.pilots.values()
+            if not v.leaving and v.ends_at is not None
+        ]
+        return min(times, default=None)
 
     # --- fragments --------------------------------------------------------------------------
 
@@ -552,6 +599,7 @@ class Controller:
         if fragment is None or fragment.stop_reason is not None:
             return
         fragment.stop_reason, fragment.kill_at = reason, now + self.stop_grace_s
+        fragment.stopped_at = now
         for key in [
             k for k, h in self.handovers.items() if h.previous == generation and k[0] == task_id
         ]:
@@ -631,6 +679,9 @@ class Controller:
             self._resolve(task, result, out)
             self._ended(task, fragment.generation, "done", samples, now, out)
         elif status == "stopped" or fragment.stop_reason is not None or fragment.lost:
+            if status == "stopped" and fragment.stopped_at is not None and not fragment.lost:
+                task.stops_s.append(now - fragment.stopped_at)
+                del task.stops_s[:-STOPS_KEPT]
             out.append(Note("fragment_stopped", names | {"samples": samples}))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
         elif task.restarts < self.max_restarts:

@@ -160,6 +160,10 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         rescale cost guess. 0 is the paper's model (every node is worth taking).
     walltime_notice_s : float
         A pilot this close to its end is treated as leaving: its fragments checkpoint and stop.
+        The most: once the tasks running on a pilot have each stopped cleanly before, the
+        notice is twice their longest recent stop plus 0.25 s (a digits fragment: under 0.5 s),
+        so that a hole is not cut short by more than a stop needs
+        (:data:`parsl_bf.executor.controller.NOTICE_MARGIN`).
     rescale_s : float
         Guess of a rescale's cost until one is measured.
     warm_ranks : bool
@@ -470,15 +474,25 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
 
     def _loop(self) -> None:
         next_tick = 0.0
+        ticked_for = None  # the walltime notice a Tick was added for (once each)
         while not self._stop.is_set():
-            timeout = min(0.5, max(0.0, next_tick - time.time()))
+            with self._lock:
+                deadline = self.controller.next_deadline()  # a pilot's walltime notice
+            if deadline == ticked_for:
+                deadline = None
+            wake = next_tick if deadline is None else min(next_tick, deadline)
+            timeout = min(0.5, max(0.0, wake - time.time()))
             if self._ready or self._grows:  # ready files end a hand-over, start a grow
                 timeout = min(timeout, READY_POLL_S)
             self._request_grows()
             batch = self._drain(timeout=timeout)
-            if time.time() >= next_tick:
-                next_tick = time.time() + TICK_S
-                batch.append((time.time(), Tick()))
+            now = time.time()
+            if now >= next_tick or (deadline is not None and now >= deadline):
+                if now >= next_tick:
+                    next_tick = now + TICK_S
+                else:
+                    ticked_for = deadline
+                batch.append((now, Tick()))
             elif self._ready:
                 batch += [(time.time(), ready) for ready in self._readiness()]
             if not batch:
@@ -566,7 +580,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             )
             return [item]
         if isinstance(item, wire.PilotUp):
-            log_.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes))
+            log_.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at)
             return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at)]
         if isinstance(item, wire.PilotPreempted):
             # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.

@@ -110,6 +110,55 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
     assert any(0 <= t.find("standby ranks:") < t.find("registering with") for t in logs)
 
 
+def test_a_task_that_stopped_before_gets_a_walltime_notice_of_its_own(tmp_path, monkeypatch):
+    """Known holes (a pilot's walltime is its hole): the first walltime stop of a task comes
+    ``walltime_notice_s`` before the end; once it has stopped cleanly, its later holes are cut
+    short only by twice its stop time and a little (``Controller.notices``)."""
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    provider = LocalBackfillProvider(
+        nodes=1,
+        time_scale=1,
+        idle_s=25,
+        busy_s=3,
+        known_holes=True,
+        min_walltime="00:00:05",
+        max_walltime="00:30:00",
+        grace_s=5,
+        max_blocks=1,
+    )
+    notice = 10.0  # far above a digits fragment's stop (a checkpoint of a few kB), even loaded
+    executor = BackfillExecutor(
+        label="bf", provider=provider, walltime_notice_s=notice, min_node_life_s=0
+    )
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    train = elastic_app("parsl_bf.training.examples:digits_cnn", work=10**10, max_nodes=1)
+
+    def events() -> list[dict]:
+        return [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+
+    def stops_at_walltime() -> list[dict]:
+        return [e for e in events() if e["event"] == "fragment_stop" and e["reason"] == "walltime"]
+
+    with parsl.load(config):
+        train(lr=0.05, width=8, global_batch=BATCH)
+        until(lambda: len(stops_at_walltime()) >= 2, 300, "fewer than two walltime stops")
+    seen = events()
+    ends_at = {e["pilot"]: e["ends_at"] for e in seen if e["event"] == "pilot_up"}
+    ending = [e for e in seen if e["event"] == "pilot_ending"]
+    stopped = [e["t"] for e in seen if e["event"] == "fragment_stopped"]
+    first, second = ending[:2]
+    # The first: no stop of the task seen yet, the configured notice (never sooner).
+    assert first["t"] >= ends_at[first["pilot"]] - notice
+    assert stopped and stopped[0] < second["t"]  # the task stopped cleanly in between
+    # The second: cut short by less than the configured notice, by its own stop time's.
+    assert ends_at[second["pilot"]] - second["t"] < notice
+
+
 def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, **options):
     """A BackfillExecutor (with ``options``) over two emulated nodes, one-node pilots, and its
     config. Only one pilot at first (``max_blocks=1``): a test raises it to 2 once its task

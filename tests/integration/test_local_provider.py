@@ -172,6 +172,20 @@ def test_exit_codes(make, monkeypatch) -> None:
     assert [s.state for s in p.status([ok, bad])] == [JobState.COMPLETED, JobState.FAILED]
 
 
+def test_pinned_pilots_run_on_their_nodes_cores_only(make, monkeypatch, tmp_path) -> None:
+    p = make(known_holes=False, max_nodes=1, pin_cores=True)
+    TraceClock(p, monkeypatch)
+    # Each pilot's processes, a grandchild here, say which cores they may run on.
+    jobs = [p.submit(f"grep Cpus_allowed_list /proc/self/status > {tmp_path}/cores-{i}", 1)
+            for i in range(2)]  # fmt: skip
+    until(lambda: all(s.terminal for s in p.status(jobs)), 60)
+    cpus = os.cpu_count() or 1
+    for i, job in enumerate(jobs):
+        (node,) = p.pilots[job].nodes
+        allowed = (tmp_path / f"cores-{i}").read_text().split()[-1]
+        assert allowed == str(int(node.removeprefix("node")) % cpus)
+
+
 @pytest.mark.slow
 def test_stock_htex_runs_apps_on_local_backfill_pilots(
     tmp_path: Path, monkeypatch, request

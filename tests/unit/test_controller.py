@@ -3,11 +3,18 @@ with a fake clock and no processes. Real GLPK solves at each decision."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from parsl_bf.allocation import AllocatorSettings
-from parsl_bf.executor.controller import Controller, ElasticTask, PlainTask
+from parsl_bf.executor.controller import (
+    NOTICE_MARGIN,
+    NOTICE_SLACK_S,
+    Controller,
+    ElasticTask,
+    PlainTask,
+)
 from parsl_bf.executor.lifecycle import (
     Fail,
     FragmentReady,
@@ -295,6 +302,28 @@ def test_a_pilot_near_its_walltime_is_leaving() -> None:
     out = c.handle([Tick()], NOW + 26)
     assert "pilot_ending" in _notes(out) and _terms(out) == {("p1", fragment_key("a", 1, 0))}
     assert c.pilots["p1"].leaving and c.preemptions == 0
+
+
+def test_the_walltime_notice_follows_the_tasks_own_stops() -> None:
+    c = _controller(walltime_notice_s=5, min_node_life_s=0)
+    (start,) = c.handle([TaskSubmitted(_task("a", 1, 1)), _up("p1", "n1", ends_at=NOW + 30)], NOW)
+    # The task has not stopped yet: the configured notice.
+    assert c.notices() == {"p1": 5} and c.next_deadline() == NOW + 25
+    assert _terms(c.handle([Tick()], NOW + 25)) == {("p1", fragment_key("a", 1, 0))}
+    assert c.next_deadline() is None  # p1 is leaving
+    c.handle(_exits(start, {"status": "stopped", "samples": 500}), NOW + 25.4)  # took 0.4 s
+    c.handle([PilotGone("p1", "bye")], NOW + 30)
+    (again,) = _of(StartFragment, c.handle([_up("p2", "n2", ends_at=NOW + 90)], NOW + 60))
+    notice = NOTICE_MARGIN * 0.4 + NOTICE_SLACK_S
+    assert c.notices()["p2"] == pytest.approx(notice)
+    assert c.next_deadline() == pytest.approx(NOW + 90 - notice)
+    assert not _of(Signal, c.handle([Tick()], NOW + 90 - notice - 0.01))
+    out = c.handle([Tick()], NOW + 90 - notice + 1e-6)
+    assert _terms(out) == {("p2", fragment_key("a", 2, 0))}
+    # A slow stop raises it, never above walltime_notice_s.
+    c.handle(_exits(again, {"status": "stopped", "samples": 900}), NOW + 90 - notice + 9)
+    c.handle([_up("p3", "n3", ends_at=NOW + 200)], NOW + 100)
+    assert c.notices()["p3"] == 5
 
 
 def test_a_node_about_to_leave_is_not_worth_a_rescale() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -156,6 +157,12 @@ class LocalBackfillProvider(PilotProvider):
         As for Parsl's providers.
     poll_s : float
         Seconds between two ticks of the emulation (node states, preemptions, pilot exits).
+    pin_cores : bool
+        Run each pilot on its nodes' cores only (emulated node ``i`` is core ``i`` mod this
+        machine's cores; Linux affinity, which its processes inherit), so that one node's
+        process start-ups do not take CPU from another node's training, as on a real machine.
+        Meant for ``nodes`` up to the cores (the executor benchmark); with more, nodes share
+        cores unevenly. False (the default): every pilot may use every core.
     """
 
     #: Every emulated node is this machine: the executor gives each rank one thread.
@@ -183,6 +190,7 @@ class LocalBackfillProvider(PilotProvider):
         max_blocks: int = 4,
         parallelism: float = 1.0,
         poll_s: float = 0.1,
+        pin_cores: bool = False,
     ) -> None:
         # Every check raises SettingError naming the argument (the YAML loader points at its
         # line), here rather than at the first submit(): a bad value there would fail in the
@@ -230,6 +238,8 @@ class LocalBackfillProvider(PilotProvider):
         self.min_walltime, self.max_walltime = min_walltime, max_walltime
         self.min_walltime_s, self.max_walltime_s = walltimes
         self.grace_s, self.poll_s = grace_s, poll_s
+        self.pin_cores = pin_cores
+        self._warned_pin = False
         self.known_holes = known_holes
         self.launcher, self.worker_init = launcher or SingleNodeLauncher(), worker_init
         self.init_blocks, self.min_blocks, self.max_blocks = init_blocks, min_blocks, max_blocks
@@ -371,9 +381,18 @@ class LocalBackfillProvider(PilotProvider):
             environment.PILOT_END: f"{pilot.ends_at:.3f}",
             environment.PILOT_JOB_ID: pilot.job_id,
         }
+        argv = ["/bin/bash", "-c", script]
+        taskset = shutil.which("taskset") if self.pin_cores else None
+        if taskset is not None:  # before the shell runs anything: every process inherits it
+            assert self._states is not None
+            cores = {self._states.index[n] % (os.cpu_count() or 1) for n in nodes}
+            argv = [taskset, "--cpu-list", ",".join(map(str, sorted(cores))), *argv]
+        elif self.pin_cores and not self._warned_pin:
+            self._warned_pin = True
+            log.warning("pin_cores: no taskset here (util-linux); pilots use every core")
         with job.out.open("w") as out, job.err.open("w") as err:
             job.proc = subprocess.Popen(
-                ["/bin/bash", "-c", script], stdout=out, stderr=err, env=env, start_new_session=True
+                argv, stdout=out, stderr=err, env=env, start_new_session=True
             )
         log.info("pilot %s started on %s for %.0f s", pilot.job_id, ",".join(nodes), walltime_s)
 
