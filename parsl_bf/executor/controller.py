@@ -48,9 +48,11 @@ object as the replay's), the counts are mapped to nodes without migration
   notice: ``walltime_notice_s`` until each task with a fragment on the pilot has stopped
   cleanly once, then :data:`NOTICE_MARGIN` × their longest recent stop + :data:`NOTICE_SLACK_S`
   (capped at ``walltime_notice_s``), so that a hole is not cut short by more than its fragments
-  need to checkpoint and exit (:meth:`Controller.next_deadline` says when to look again). A
-  pilot gone takes its processes with it: its plain apps are queued again, its fragments'
-  launchers there count as lost.
+  need to checkpoint and exit (:meth:`Controller.next_deadline` says when to look again).
+  At a walltime, a fragment that also runs on pilots that stay gives the leaving pilot's
+  ranks back in place instead (with ``shrink_in_place``): its ranks there run until then,
+  unlike a preempted pilot's. A pilot gone takes its processes with it: its plain apps are
+  queued again, its fragments' launchers there count as lost.
 
 Beyond the paper's model:
 - a node's value is its pilot's remaining walltime: growing tasks take the longest-lived nodes,
@@ -426,9 +428,13 @@ class Controller:
     # --- pilots -----------------------------------------------------------------------------
 
     def _stop_fragments_on(self, pilot: str, reason: str, now: float, out: list[Command]) -> None:
-        """The pilot goes: every fragment with a node on it checkpoints now."""
+        """The pilot goes: every fragment with a node on it checkpoints now, except one that
+        can give the pilot's ranks back in place when it leaves at its walltime (the ranks
+        there run until then; a preempted pilot's may be gone already)."""
         for task in self.elastic.values():
             hit = task.state == "running" and any(_split(n)[0] == pilot for n in task.nodes)
+            if hit and reason == "walltime" and self._shrink_off(task, now, out):
+                continue
             if hit:
                 task.state = "stopping"
                 self._stop(task.id, task.generation, reason, now, out)
@@ -437,6 +443,25 @@ class Controller:
             ):
                 # Its successor is stopping or its own nodes go: no hand-over, stop it now.
                 self._stop(task.id, task.previous[0], reason, now, out)
+
+    def _shrink_off(self, task: ElasticTask, now: float, out: list[Command]) -> bool:
+        """Shrink ``task``'s running fragment in place onto its nodes whose pilots stay, if
+        in-place shrinks are on and its placement allows: what a leaving pilot costs is then
+        its own ranks, not a restart of every rank (a ResNet-18 shrink in place: 0.4 s)."""
+        if not self.shrink_in_place or task.previous is not None or task.releasing:
+            return False
+        stays = [n for n in task.nodes if not self._leaving(_split(n)[0])]
+        if len(stays) < task.min_nodes or self._joining(task):
+            return False
+        shrink = self._shrink(task, stays, now)
+        if shrink is None:
+            return False
+        out += [shrink, Note("fragment_shrink", _shrink_names(shrink) | {"reason": "walltime"})]
+        return True
+
+    def _leaving(self, pilot: str) -> bool:
+        view = self.pilots.get(pilot)
+        return view is None or view.leaving
 
     def _pilot_gone(self, pilot: str, now: float, out: list[Command]) -> None:
         """Its processes are gone: plain apps there run again (a preemption is not their

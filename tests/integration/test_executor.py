@@ -159,6 +159,55 @@ def test_a_task_that_stopped_before_gets_a_walltime_notice_of_its_own(tmp_path, 
     assert ends_at[second["pilot"]] - second["t"] < notice
 
 
+def test_a_pilot_at_its_walltime_gives_its_ranks_back_in_place(tmp_path, monkeypatch):
+    """Known holes on two nodes, half a cycle apart: node1's first hole ends at 47.5 s, node0's
+    at 100 s. A task that scales (its step waits for its share) spans both pilots; at node1's
+    walltime its rank there leaves and the rank on node0 trains on in the same fragment, with
+    no stop and no restart."""
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    provider = LocalBackfillProvider(
+        nodes=2,
+        time_scale=1,
+        idle_s=100,
+        busy_s=5,
+        known_holes=True,
+        max_nodes=1,
+        min_walltime="00:00:05",
+        max_walltime="00:30:00",
+        grace_s=5,
+        max_blocks=2,
+    )
+    executor = BackfillExecutor(
+        label="bf", provider=provider, allocator={"tfwd": 600}, min_node_life_s=0
+    )
+    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+    train = elastic_app("tests.training_tasks:paced_digits", work=10**9, max_nodes=2)
+
+    def events() -> list[dict]:
+        return [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+
+    def seen(kind: str) -> list[dict]:
+        return [e for e in events() if e["event"] == kind]
+
+    with parsl.load(config):
+        train(lr=0.05, width=8, global_batch=BATCH)
+        until(lambda: seen("fragment_shrunk"), 300, "no fragment gave a leaving pilot back")
+        (task,) = executor.controller.elastic
+        progress = TaskDir.of(executor.directory, task).progress
+        until(lambda: any(r["event"] == "shrunk" for r in read_reports(progress)), 60,
+              "the kept rank never stepped at the new size")  # fmt: skip
+    (shrink,) = [e for e in seen("fragment_shrink") if e.get("reason") == "walltime"]
+    (shrunk,) = seen("fragment_shrunk")
+    assert (shrunk["generation"], shrunk["nodes"]) == (shrink["generation"], 1)
+    stops = [e for e in seen("fragment_stop") if e["generation"] == shrink["generation"]]
+    assert all(e["t"] > shrunk["t"] for e in stops)  # only the end of the test stopped it
+
+
 def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, **options):
     """A BackfillExecutor (with ``options``) over two emulated nodes, one-node pilots, and its
     config. Only one pilot at first (``max_blocks=1``): a test raises it to 2 once its task

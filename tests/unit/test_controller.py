@@ -756,6 +756,26 @@ def test_a_shrink_that_gives_back_a_whole_pilot_is_done_in_place() -> None:
     assert [r.task for r in _of(Resolve, out)] == ["a"]
 
 
+def test_a_pilot_at_its_walltime_is_given_back_in_place_and_a_preempted_one_is_not() -> None:
+    c, start = _two_pilots(first_ends=NOW + 30)
+    (p2,) = [g for g, (pilot, _) in enumerate(start.placement) if pilot == "p2"]
+    out = c.handle([Tick()], NOW + 30 - c.walltime_notice_s)
+    (shrink,) = _of(ShrinkFragment, out)  # p1's rank leaves, p2's trains on: no stop
+    assert shrink.keep == (p2,) and not _terms(out) and "pilot_ending" in _notes(out)
+    assert c.elastic["a"].state == "running" and c.elastic["a"].nodes == ("p2/n2",)
+    out = c.handle([ProcessExited("p1", fragment_key("a", 1, 1 - p2), 0, None)], NOW + 26)
+    out += c.handle([PilotGone("p1", "bye")], NOW + 30)
+    assert "fragment_shrunk" in _notes(out) and not _terms(out) and not _of(StartFragment, out)
+    assert c.elastic["a"].state == "running" and c.fragments[("a", 1)].running == {
+        fragment_key("a", 1, p2): "p2"
+    }
+    # A preemption's ranks may be gone at once: the fragment checkpoints and restarts.
+    c, start = _two_pilots(first_ends=NOW + 30)
+    out = c.handle([PilotLeaving("p1", "preempted")], NOW + 1)
+    assert _terms(out) == {(p, fragment_key("a", 1, g)) for g, (p, _) in enumerate(start.placement)}
+    assert not _of(ShrinkFragment, out)
+
+
 def test_a_shrink_the_fragment_turns_into_a_stop_restarts_at_the_new_size() -> None:
     # A task's own training loop takes the request as a stop: every launcher exits stopped.
     c, start = _two_pilots()
