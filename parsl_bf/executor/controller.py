@@ -46,9 +46,10 @@ object as the replay's), the counts are mapped to nodes without migration
 - *Pilots*: a pilot that is preempted, cancelled or near its walltime is leaving: its
   fragments checkpoint now and its nodes are not offered again. "Near" is the walltime
   notice: ``walltime_notice_s`` until each task with a fragment on the pilot has stopped
-  cleanly once, then :data:`NOTICE_MARGIN` × their longest recent stop + :data:`NOTICE_SLACK_S`
-  (capped at ``walltime_notice_s``), so that a hole is not cut short by more than its fragments
-  need to checkpoint and exit (:meth:`Controller.next_deadline` says when to look again).
+  cleanly once (it or its family), then :data:`NOTICE_MARGIN` × their longest recent stop +
+  :data:`NOTICE_SLACK_S` (capped at ``walltime_notice_s``), so that a hole is not cut short by
+  more than its fragments need to checkpoint and exit (:meth:`Controller.next_deadline` says
+  when to look again).
   At a walltime, a fragment that also runs on pilots that stay gives the leaving pilot's
   ranks back in place instead (with ``shrink_in_place``): its ranks there run until then,
   unlike a preempted pilot's. A pilot gone takes its processes with it: its plain apps are
@@ -516,15 +517,24 @@ class Controller:
 
     def notices(self) -> dict[str, float]:
         """How long before its walltime each pilot's fragments are told to stop (module
-        docstring): what its tasks' recent clean stops took, with a margin; the configured
-        ``walltime_notice_s`` while one of them has not stopped yet, and at most."""
+        docstring): what its tasks' recent clean stops took (for a task that has not stopped
+        yet, its family's: the same training code), with a margin; the configured
+        ``walltime_notice_s`` while one of them has no such stop, and at most."""
         tasks: dict[str, set[str]] = {}  # pilot → the tasks with a fragment there
         for f in self.fragments.values():
             for pilot in f.running.values():
                 tasks.setdefault(pilot, set()).add(f.task)
+        families: dict[str, list[float]] = {}  # a task that has not stopped yet: its family's
+        for task in self.elastic.values():
+            if task.family and task.stops_s:
+                families.setdefault(task.family, []).extend(task.stops_s)
         out = {}
         for pilot in self.pilots:
-            stops = [self.elastic[t].stops_s for t in tasks.get(pilot, ()) if t in self.elastic]
+            stops = [
+                self.elastic[t].stops_s or families.get(self.elastic[t].family, [])
+                for t in tasks.get(pilot, ())
+                if t in self.elastic
+            ]
             if stops and all(stops):
                 learned = NOTICE_MARGIN * max(max(s) for s in stops) + NOTICE_SLACK_S
                 out[pilot] = min(self.walltime_notice_s, learned)

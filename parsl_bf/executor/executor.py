@@ -160,9 +160,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         rescale cost guess. 0 is the paper's model (every node is worth taking).
     walltime_notice_s : float
         A pilot this close to its end is treated as leaving: its fragments checkpoint and stop.
-        The most: once the tasks running on a pilot have each stopped cleanly before, the
-        notice is twice their longest recent stop plus 0.25 s (a digits fragment: under 0.5 s),
-        so that a hole is not cut short by more than a stop needs
+        The most: once the tasks running on a pilot (or their families) have stopped before,
+        the notice is twice their longest recent stop plus 0.25 s (a digits fragment: under
+        0.5 s), so that a hole is not cut short by more than a stop needs
         (:data:`parsl_bf.executor.controller.NOTICE_MARGIN`).
     rescale_s : float
         Guess of a rescale's cost until one is measured.

@@ -326,6 +326,26 @@ def test_the_walltime_notice_follows_the_tasks_own_stops() -> None:
     assert c.notices()["p3"] == 5
 
 
+def test_a_task_that_has_not_stopped_yet_takes_its_familys_notice() -> None:
+    c = _controller(walltime_notice_s=5, min_node_life_s=0)
+    first = ElasticTask("a", work=10**9, max_nodes=1, task="m:f", family="m:f")
+    (start,) = c.handle([TaskSubmitted(first), _up("p1", "n1", ends_at=NOW + 30)], NOW)
+    c.handle([Tick()], NOW + 25)
+    c.handle(_exits(start, {"status": "stopped", "samples": 500}), NOW + 25.4)
+    c.handle([PilotGone("p1", "bye")], NOW + 30)
+    # a has its node again; b (same code) and c (other code) have not stopped yet.
+    b = ElasticTask("b", work=10**9, max_nodes=1, task="m:f", family="m:f")
+    other = ElasticTask("c", work=10**9, max_nodes=1, task="m:g", family="m:g")
+    ups = [_up(f"q{i}", f"m{i}", ends_at=NOW + 90) for i in range(3)]
+    starts = _of(StartFragment, c.handle([TaskSubmitted(b), TaskSubmitted(other), *ups], NOW + 31))
+    on = {s.task: s.placement[0][0] for s in starts}
+    notices = c.notices()
+    assert (
+        notices[on["a"]] == notices[on["b"]] == pytest.approx(NOTICE_MARGIN * 0.4 + NOTICE_SLACK_S)
+    )
+    assert notices[on["c"]] == 5
+
+
 def test_a_node_about_to_leave_is_not_worth_a_rescale() -> None:
     c = _controller(min_node_life_s=40)
     c.handle([TaskSubmitted(_task("a", 1, 4))], NOW)
