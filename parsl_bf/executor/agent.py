@@ -59,7 +59,7 @@ import zmq
 from .. import environment
 from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
 from .gpus import node_gpus
-from .ranks import RANKS_KEY, RankGroup, RankPool, killpg, launch_ranks
+from .ranks import RANKS_KEY, RankGroup, RankPool, killpg, launch_ranks, standbys_for
 
 __all__ = ["Agent", "Identity", "main"]
 
@@ -536,7 +536,7 @@ class Agent:
     def _serve(self, poller: zmq.Poller, wake_r: int) -> int:
         i = self.identity
         if self.warm_ranks is not None:  # the size the executor's warm_ranks would ask for
-            self._start_pool(len(i.nodes) * max(1, i.gpus), self.warm_ranks)
+            self._start_pool(standbys_for(len(i.nodes), i.gpus), self.warm_ranks)
         registration = {"pilot": i.pilot, "nodes": list(i.nodes), "ends_at": i.ends_at}
         registration |= {"host": i.host, "gpus": i.gpus}
         self._sock.send_multipart(self.session.register(registration))

@@ -89,7 +89,7 @@ from .lifecycle import (
     parse_key,
     plain_key,
 )
-from .ranks import RANKS_KEY
+from .ranks import RANKS_KEY, standbys_for
 from .runner import RunnerError, read_outcome
 
 __all__ = ["BackfillExecutor", "FragmentFailed", "ELASTIC_KEYS"]
@@ -564,7 +564,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         for pilot, up in self.server.pilots.items():
             if pilot not in self._warmed:
                 self._warmed.add(pilot)
-                size = len(up.nodes) * max(1, up.gpus)  # a standby for each rank it may run
+                size = standbys_for(len(up.nodes), up.gpus)
                 self._send(pilot, {"op": "warm_ranks", "size": size, "mpiexec": self.mpiexec})
 
     def _events_of(self, item: object) -> list[Event]:

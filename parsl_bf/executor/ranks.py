@@ -34,7 +34,16 @@ from typing import Any
 from .. import environment
 from ..training.command import WORKER_MODULE
 
-__all__ = ["RANKS_KEY", "RankGroup", "RankPool", "Standby", "killpg", "launch_ranks", "rank_argv"]
+__all__ = [
+    "RANKS_KEY",
+    "RankGroup",
+    "RankPool",
+    "Standby",
+    "killpg",
+    "launch_ranks",
+    "rank_argv",
+    "standbys_for",
+]
 
 log = logging.getLogger("parsl_bf.executor.agent")
 
@@ -45,6 +54,12 @@ RANKS_KEY = "ranks"
 #: A taken standby is replaced this much later: a replacement's imports would compete with the
 #: first steps of the fragment that took it, on the same cores.
 REFILL_DELAY_S = 2.0
+
+
+def standbys_for(nodes: int, gpus: int) -> int:
+    """How many standby ranks a pilot keeps: one for each rank it may run (a rank per GPU of
+    each node, one per node without)."""
+    return nodes * max(1, gpus)
 
 
 def rank_argv(argv: list[str], rank: int, ranks: int) -> list[str]:
