@@ -96,7 +96,7 @@ from parsl_bf.executor.analysis import (
 )
 from parsl_bf.replay.windows import Window, choose_window
 from parsl_bf.training.command import mpiexec_argv, worker_argv
-from parsl_bf.training.reports import ScalingProfiler, read_reports
+from parsl_bf.training.reports import ScalingProfiler, read_reports, spans_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "data" / "trace64"
@@ -288,9 +288,10 @@ def calibrate(d: Path, nodes: int, seconds: float, ckpt_every: int | None) -> Ca
             ]
             # Each fragment's spans on its own (they ran at once): together, one node's rate.
             spans = [span for p in profiles for span in p.spans[world]]
-            if not spans:
+            rate = spans_rate(spans)
+            if rate is None:
                 raise SystemExit(f"calibration world {world}: no step reports: see {d}")
-            rates[world] = sum(n for n, _ in spans) / sum(dt for _, dt in spans)
+            rates[world] = rate
             medians[world] = statistics.median(x for p in profiles for x in p.rates[world])
             note(
                 f"calibration: world {world} (+{len(fillers)} one-rank fillers): "

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..training.reports import step_spans
+from ..training.reports import read_reports, spans_rate, step_spans
 
 __all__ = [
     "E_SLACK",
@@ -81,8 +81,7 @@ class RunFigures:
     @property
     def sustained1(self) -> float | None:
         """Samples/s that 1-rank fragments sustained, checkpoints included (None: no span)."""
-        seconds = sum(s for _, s in self.spans1)
-        return sum(n for n, _ in self.spans1) / seconds if seconds > 0 else None
+        return spans_rate(self.spans1)
 
 
 def run_figures(
@@ -227,8 +226,6 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
 def load_run(directory: str | Path) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     """An executor directory's events and each task's progress reports (task id → reports),
     as :func:`run_figures` takes them; a partly written last line is left out."""
-    from ..training.reports import read_reports  # imported here: the package imports torch
-
     directory = Path(directory)
     events = read_reports(directory / "events.jsonl")
     reports = {

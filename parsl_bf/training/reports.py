@@ -22,6 +22,7 @@ __all__ = [
     "ReportTail",
     "ScalingProfiler",
     "read_reports",
+    "spans_rate",
     "step_spans",
     "write_result",
 ]
@@ -102,6 +103,12 @@ def step_spans(reports: list[dict[str, Any]]) -> list[tuple[int, float, float, f
     return spans
 
 
+def spans_rate(spans: list[tuple[float, float]]) -> float | None:
+    """Samples/s over (samples, seconds) spans: Σ samples ÷ Σ seconds (None: no time)."""
+    seconds = sum(s for _, s in spans)
+    return sum(n for n, _ in spans) / seconds if seconds > 0 else None
+
+
 class ScalingProfiler:
     """Scaling curve (median samples/s per world size), sustained rates and rescale cost from
     one fragment's (or task's) reports."""
@@ -122,9 +129,7 @@ class ScalingProfiler:
     def sustained(self, world: int) -> float | None:
         """Samples/s at ``world`` over all its spans: what training at that size yields per
         second, checkpoints included (None: no two step reports in a row at that size)."""
-        spans = self.spans.get(world, [])
-        seconds = sum(s for _, s in spans)
-        return sum(n for n, _ in spans) / seconds if seconds > 0 else None
+        return spans_rate(self.spans.get(world, []))
 
     def curve(self) -> tuple[list[int], list[float]]:
         """(node counts, samples/s) from 0, as a TaskSpec curve."""

@@ -22,6 +22,11 @@ CHECKPOINT_EVERY, BATCH = 5, 64
 GRACE_S = 10  # the loopback cluster's GraceTime (conftest)
 
 
+def _events(executor: BackfillExecutor) -> list[dict]:
+    """The executor's events so far (a line being written is left for the next read)."""
+    return read_reports(Path(executor.directory) / "events.jsonl")
+
+
 def _lost_per_restart(reports: list[dict]) -> list[int]:
     """Samples done before a fragment ended but not in the checkpoint its successor loaded."""
     lost, best = [], 0
@@ -102,7 +107,7 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
     for task in executor.controller.elastic:
         reports = read_reports(TaskDir.of(executor.directory, task).progress)
         assert all(x <= CHECKPOINT_EVERY * BATCH for x in _lost_per_restart(reports))
-    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+    events = _events(executor)
     assert any(e["event"] == "decision" and "pilot preempted" in e["causes"] for e in events)
     # Pilots submitted once there was training started their standbys before registering.
     agents = (Path(executor.directory) / "submit_scripts").glob("*.stderr")
@@ -138,16 +143,17 @@ def test_a_task_that_stopped_before_gets_a_walltime_notice_of_its_own(tmp_path, 
     config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
     train = elastic_app("parsl_bf.training.examples:digits_cnn", work=10**10, max_nodes=1)
 
-    def events() -> list[dict]:
-        return [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
-
     def stops_at_walltime() -> list[dict]:
-        return [e for e in events() if e["event"] == "fragment_stop" and e["reason"] == "walltime"]
+        return [
+            e
+            for e in _events(executor)
+            if e["event"] == "fragment_stop" and e["reason"] == "walltime"
+        ]
 
     with parsl.load(config):
         train(lr=0.05, width=8, global_batch=BATCH)
         until(lambda: len(stops_at_walltime()) >= 2, 300, "fewer than two walltime stops")
-    seen = events()
+    seen = _events(executor)
     ends_at = {e["pilot"]: e["ends_at"] for e in seen if e["event"] == "pilot_up"}
     ending = [e for e in seen if e["event"] == "pilot_ending"]
     stopped = [e["t"] for e in seen if e["event"] == "fragment_stopped"]
@@ -188,11 +194,8 @@ def test_a_pilot_at_its_walltime_gives_its_ranks_back_in_place(tmp_path, monkeyp
     config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
     train = elastic_app("tests.training_tasks:paced_digits", work=10**9, max_nodes=2)
 
-    def events() -> list[dict]:
-        return [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
-
     def seen(kind: str) -> list[dict]:
-        return [e for e in events() if e["event"] == kind]
+        return [e for e in _events(executor) if e["event"] == kind]
 
     with parsl.load(config):
         train(lr=0.05, width=8, global_batch=BATCH)
@@ -265,7 +268,7 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         provider.max_blocks = 2
         outcome = future.result(timeout=600)
     assert outcome["status"] == "done" and outcome["samples"] == 100_000
-    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+    events = _events(executor)
     warm = [e for e in events if e["event"] == "fragment_start" and e.get("after") is not None]
     assert warm, "no warm rescale happened"
     (task,) = executor.controller.elastic
@@ -320,7 +323,7 @@ def test_a_task_grows_onto_a_pilot_and_gives_it_back_in_place(tmp_path: Path, mo
         outcomes = [first.result(timeout=600), second.result(timeout=600)]
     assert [o["samples"] for o in outcomes] == [80_000, 20_000]
     assert all(o["status"] == "done" and o["restarts"] == 0 for o in outcomes)
-    events = [json.loads(x) for x in (Path(executor.directory) / "events.jsonl").open()]
+    events = _events(executor)
     kinds = [(e["event"], e.get("task")) for e in events]
     shrink = kinds.index(("fragment_shrink", a.id))
     shrunk = kinds.index(("fragment_shrunk", a.id))
