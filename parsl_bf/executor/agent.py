@@ -312,7 +312,8 @@ class Agent:
             extra = {str(k): str(v) for k, v in (msg.get("env") or {}).items()}
             if RANKS_KEY in msg:
                 if self.pool is not None:
-                    self.pool.serve()  # standbys that became ready since the loop's last turn
+                    # Standbys that became ready since the loop's last turn.
+                    self.pool.serve(self._ranks_here())
                 group = launch_ranks(
                     key, msg[RANKS_KEY], argv, extra, msg.get("cwd"), stdout, stderr,
                     self.pool, self.identity.host, _output,
@@ -391,12 +392,18 @@ class Agent:
         if self.pool is not None or self._ending is not None or size < 1:
             return
         try:
-            self.pool = RankPool(size, mpiexec)
+            # A GPU node's ranks leave most of its cores idle: a replacement warms up there
+            # while they train. A CPU node's ranks use every core: it waits for a free slot.
+            self.pool = RankPool(size, mpiexec, refill_while_busy=self.identity.gpus > 0)
         except OSError as exc:
             log.warning("no standby ranks (%s): fragment ranks start cold", exc)
             return
         self.pool.fill()
         log.info("standby ranks: %d starting", size)
+
+    def _ranks_here(self) -> int:
+        """Ranks of launches running on this host: the standby slots they hold."""
+        return sum(p.running_here for p in self.procs.values() if isinstance(p, RankGroup))
 
     def _close_pool(self) -> None:
         if self.pool is not None:
@@ -568,7 +575,7 @@ class Agent:
                     self._preempted(signal.Signals(signum).name.removeprefix("SIG"))
             self._reap()
             if self.pool is not None:
-                self.pool.serve()
+                self.pool.serve(self._ranks_here())
             now = time.monotonic()
             if not self._welcomed and now - started > self.welcome_timeout_s:
                 print(

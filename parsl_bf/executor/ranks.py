@@ -9,10 +9,14 @@ ranks of one launch as one process (:class:`RankGroup`), as it saw one ``mpiexec
 before: signalled together, exited once all have, with the first failure's code; when one rank
 fails the others are killed (what ``mpiexec`` does to a world that lost a rank).
 
-:class:`RankPool` keeps ``size`` standbys starting or ready, listening for them on a Unix
-socket in a private (0700) directory, and replaces each one a launch takes. A standby that
-dies before it is ready is not replaced at once: after ``size`` such deaths in a row the pool
-gives up (its ranks start cold), since a standby that cannot start here never will.
+:class:`RankPool` keeps a standby starting or ready for each of its ``size`` rank slots that
+no rank runs in, listening for them on a Unix socket in a private (0700) directory. A taken
+standby is replaced once its rank has exited: a standby's warm-up (imports, about 2 s of CPU)
+beside a rank that trains on the same core slows that rank even at niceness 19, and barely
+progresses meanwhile. On GPU nodes, whose ranks leave most cores idle, it is replaced while
+its rank trains instead, niced (``refill_while_busy``), so that a restart there finds it
+ready. After ``size`` standbys in a row died before they were ready, the pool gives up (its
+ranks start cold), since a standby that cannot start here never will.
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ log = logging.getLogger("parsl_bf.executor.agent")
 #: "hosts"? (one per rank), "per_node"? (ranks to a node, one per GPU; default 1)}; ``argv`` is
 #: then one rank's worker command without ``--group``/``--groups``.
 RANKS_KEY = "ranks"
-#: A taken standby is replaced this much later: a replacement's imports would compete with the
-#: first steps of the fragment that took it, on the same cores.
+#: With ``refill_while_busy``, a taken standby is replaced this much later: a replacement's
+#: imports would compete with the first steps of the fragment that took it.
 REFILL_DELAY_S = 2.0
 
 
@@ -84,6 +88,7 @@ class Standby:
     rank_pid: int | None = None
     job: bytes | None = None  # given while it was still starting: sent once it is ready
     nice: bool = False  # warming up at niceness 19 (a replacement)
+    here: bool = True  # runs on the agent's host (a cold rank may run on another)
 
     @property
     def ready(self) -> bool:
@@ -126,10 +131,13 @@ class RankPool:
         Standbys to keep (one per rank slot the pilot has on this host).
     mpiexec : str
         The launcher that gives each standby its own MPI world (in the agent's environment).
+    refill_while_busy : bool
+        Replace a taken standby while its rank runs (niced, :data:`REFILL_DELAY_S` after the
+        take), not once the rank has exited: for nodes whose ranks leave cores idle (GPUs).
     """
 
-    def __init__(self, size: int, mpiexec: str) -> None:
-        self.size, self.mpiexec = size, mpiexec
+    def __init__(self, size: int, mpiexec: str, refill_while_busy: bool = False) -> None:
+        self.size, self.mpiexec, self.refill_while_busy = size, mpiexec, refill_while_busy
         self._dir = tempfile.mkdtemp(prefix="parsl-bf-ranks-")  # 0700: only we connect
         self.path = os.path.join(self._dir, "pool.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -149,10 +157,12 @@ class RankPool:
         """A launch's rank waits for a standby still starting: serve often."""
         return any(s.job is not None for s in self.standbys.values())
 
-    def fill(self, nice: bool = False) -> None:
-        """Start standbys up to ``size`` (none once broken); ``nice``: at niceness 19 while
-        they warm up (replacements, which start while ranks train on the same cores)."""
-        while not self.broken and sum(s.job is None for s in self.standbys.values()) < self.size:
+    def fill(self, nice: bool = False, slots: int | None = None) -> None:
+        """Start standbys up to ``slots`` not taken (default ``size``; none once broken);
+        ``nice``: at niceness 19 while they warm up (replacements, which start while ranks
+        train on the same node)."""
+        want = self.size if slots is None else min(slots, self.size)
+        while not self.broken and sum(s.job is None for s in self.standbys.values()) < want:
             argv = [self.mpiexec, "-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
             self._tokens += 1
             argv += ["--connect", self.path, "--token", str(self._tokens)]
@@ -169,10 +179,14 @@ class RankPool:
                 return
             self.standbys[self._tokens] = Standby(proc, nice=nice)
 
-    def serve(self) -> None:
+    def serve(self, busy: int = 0) -> None:
         """Accept standbys that connected, read their ``ready``, forget those that died, and
-        replace those taken (:data:`REFILL_DELAY_S` after the take)."""
-        if self._refill_at is not None and time.monotonic() >= self._refill_at:
+        start one for each slot that no rank runs in (``busy``: this host's ranks running);
+        with ``refill_while_busy``, replace those taken :data:`REFILL_DELAY_S` after the take
+        instead."""
+        if not self.refill_while_busy:
+            self.fill(slots=self.size - busy)
+        elif self._refill_at is not None and time.monotonic() >= self._refill_at:
             self._refill_at = None
             self.fill(nice=True)
         while True:
@@ -244,7 +258,7 @@ class RankPool:
         ]
         if not ready and not starting:
             return None
-        if self._refill_at is None:
+        if self._refill_at is None and self.refill_while_busy:
             self._refill_at = time.monotonic() + REFILL_DELAY_S
         if ready:
             s = ready[0]
@@ -297,6 +311,11 @@ class RankGroup:
     @property
     def procs(self) -> list[subprocess.Popen]:
         return [r.proc for r in self.ranks]
+
+    @property
+    def running_here(self) -> int:
+        """Its ranks on the agent's host that have not exited: the pool's slots they hold."""
+        return sum(r.here and r.proc.poll() is None for r in self.ranks)
 
     def signal(self, sig: int) -> None:
         for r in self.ranks:
@@ -372,7 +391,7 @@ def launch_ranks(
                     stderr=err,
                     start_new_session=True,
                 )
-            group.ranks.append(Standby(proc))
+            group.ranks.append(Standby(proc, here=here))
     except BaseException:
         group.signal(signal.SIGKILL)
         raise

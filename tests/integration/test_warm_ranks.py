@@ -7,12 +7,13 @@ import os
 import re
 import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
 from parsl_bf.executor.channel import PilotGone, PilotUp, ProcessExited
-from parsl_bf.executor.ranks import RANKS_KEY, rank_argv
+from parsl_bf.executor.ranks import RANKS_KEY, REFILL_DELAY_S, RankPool, rank_argv
 from parsl_bf.training.command import MPIEXEC, worker_argv
 from parsl_bf.training.reports import read_reports
 
@@ -84,8 +85,8 @@ def test_fragment_ranks_start_on_standbys_and_train_every_sample(
     assert start["world"] == 3
     assert not any(alive(pid) for pid in standbys)  # one job per standby: they exited
 
-    # The pool replaces what the launch took (at niceness 19: under load they may take long to
-    # be ready, so only their start is waited for); shutdown ends the replacements too.
+    # The pool replaces what the launch took once its ranks have exited (under load they may
+    # take long to be ready, so only their start is waited for); shutdown ends them too.
     until(lambda: len(_standbys_of(proc.pid)) == 3, 120, "the standbys were not replaced")
     replacements = _standbys_of(proc.pid)
     server.send("pilot.1", {"op": "shutdown"})
@@ -165,3 +166,49 @@ def test_a_pilot_submitted_for_training_starts_its_standbys_before_it_registers(
     assert text.count("standby ranks:") == 1
     result = json.loads((tmp_path / "frag" / "result.json").read_text())
     assert result["status"] == "done" and result["samples"] == 2000
+
+
+def test_a_taken_standby_is_replaced_once_its_rank_exits_not_while_it_trains(
+    serve, agent, tmp_path: Path
+) -> None:
+    server, events = serve()
+    proc = agent(server.url)  # CPU nodes: a standby's warm-up would slow the rank beside it
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
+    until(lambda: len(_ready_pids(stderr)) == 1, 120, "the standby never became ready")
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 50_000_000))
+    progress = tmp_path / "frag" / "progress.jsonl"
+    until(lambda: progress.exists() and "start" in progress.read_text(), 120, "no first step")
+    # A marker process, sent once a niced refill would be due: the agent has served its pool
+    # since then by the time it reports the marker's exit.
+    time.sleep(REFILL_DELAY_S)
+    server.send("pilot.1", launch("marker", ["true"], tmp_path))
+    events.wait(ProcessExited("pilot.1", "marker", 0), timeout=60)
+    assert "frag" not in {e.key for e in events.of(ProcessExited)}  # still training
+    (rank,) = _ready_pids(stderr)  # the standby that became the rank
+    assert _standbys_of(proc.pid) == [rank]  # its slot is the rank's: no standby beside it
+
+    server.send("pilot.1", {"op": "signal", "key": "frag", "signal": "TERM"})
+    until(lambda: "frag" in {e.key for e in events.of(ProcessExited)}, 60, "frag never exited")
+    until(lambda: _standbys_of(proc.pid) not in ([], [rank]), 60, "the slot got no standby")
+    until(lambda: len(_ready_pids(stderr)) == 2, 120, "the replacement never became ready")
+
+
+def test_a_pool_that_refills_while_busy_replaces_a_taken_standby_niced() -> None:
+    # As on a GPU node: the replacement warms up beside the rank, at niceness 19.
+    pool = RankPool(1, MPIEXEC, refill_while_busy=True)
+    try:
+        pool.fill()
+        until(lambda: pool.serve(busy=0) or any(s.ready for s in pool.standbys.values()), 120,
+              "the standby never became ready")  # fmt: skip
+        (first,) = pool.standbys.values()
+        job = {"argv": ["--help"], "env": {}, "cwd": None, "stdout": None, "stderr": None}
+        taken = pool.take(json.dumps(job).encode() + b"\n")
+        assert taken is first and not pool.standbys
+        until(lambda: pool.serve(busy=1) or pool.standbys, 30, "no replacement while busy")
+        (replacement,) = pool.standbys.values()
+        assert replacement.nice and replacement is not first
+        assert taken.proc.wait(60) == 0  # the job (the worker's --help) ran on the standby
+    finally:
+        pool.close()
