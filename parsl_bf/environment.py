@@ -18,6 +18,7 @@ __all__ = [
     "PILOT_NODES",
     "THREADS_PER_RANK",
     "VISIBLE_GPUS",
+    "FORK_RANKS",
 ]
 
 #: The pilot's id: the Parsl job id its provider gave it.
@@ -33,6 +34,9 @@ THREADS_PER_RANK = "PARSL_BF_THREADS_PER_RANK"
 LOCAL_RANK = "PARSL_BF_LOCAL_RANK"
 #: How many ranks the fragment runs on this rank's node (one per GPU, else one).
 LOCAL_RANKS = "PARSL_BF_LOCAL_RANKS"
+#: ``0``: a CPU node's fragment ranks start on standby processes rather than forked from the
+#: pilot's rank host (a launcher that is not MPICH's Hydra is detected without it).
+FORK_RANKS = "PARSL_BF_FORK_RANKS"
 #: CUDA's own list of the GPUs a process may use (Slurm's ``--gpus`` and PBS's ``ngpus`` set
 #: it); the agent honours it.
 VISIBLE_GPUS = "CUDA_VISIBLE_DEVICES"

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -60,6 +59,7 @@ from .. import environment
 from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
 from .gpus import node_gpus
 from .ranks import RANKS_KEY, RankGroup, RankPool, killpg, launch_ranks, standbys_for
+from .warmhost import WarmHost, WarmProc
 
 __all__ = ["Agent", "Identity", "main"]
 
@@ -74,108 +74,6 @@ ENDING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 SHUTDOWN_GRACE_S = 10.0
 #: After the driver fell silent: SIGTERM, then SIGKILL this much later.
 LOST_GRACE_S = 1.0
-
-
-class WarmProc:
-    """A plain app in a worker of the warm host: ``pid`` (its group) once the host told it; None
-    again once it is done and its worker lives on (the group is the next app's)."""
-
-    def __init__(self) -> None:
-        self.pid: int | None = None
-        self.returncode: int | None = None
-        self.pending: list[int] = []  # signals asked for before the pid came
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-
-class WarmHost:
-    """The agent's end of a warm host: the process, its socket, the apps it forked."""
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "parsl_bf.executor.warmhost", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # a ^C or the job's TERM to our group is ours to handle
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        self.sock = ours
-        self.apps: dict[str, WarmProc] = {}
-        self.forked = False  # it has served an app: worth replacing if it dies
-        self._buf = b""
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def launch(self, key: str, request: dict[str, Any]) -> WarmProc:
-        data = json.dumps({"key": key, **request}).encode() + b"\n"
-        self.sock.setblocking(True)
-        try:
-            self.sock.sendall(data)  # OSError: the host is gone; the caller falls back
-        finally:
-            self.sock.setblocking(False)
-        self.apps[key] = proc = WarmProc()
-        return proc
-
-    def read(self) -> bool:
-        """Take in what the host said; ``False`` once it is gone."""
-        while True:
-            try:
-                data = self.sock.recv(65536)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
-            if not data:
-                return False
-            self._buf += data
-            while b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
-                msg = json.loads(line)
-                proc = self.apps.get(str(msg["key"]))
-                if proc is None:
-                    continue
-                if "pid" in msg:
-                    self.forked = True
-                    proc.pid = int(msg["pid"])
-                    for sig in proc.pending:
-                        killpg(proc.pid, sig)
-                    proc.pending.clear()
-                if "code" in msg:
-                    if msg.get("alive"):  # a worker that runs the next app: not its group
-                        proc.pid = None
-                    proc.returncode = int(msg["code"])
-                    del self.apps[str(msg["key"])]
-
-    def lost(self) -> int:
-        """The host is gone: KILL what it had, mark it exited with -9; the host's exit code."""
-        for proc in self.apps.values():
-            if proc.pid is not None:
-                killpg(proc.pid, signal.SIGKILL)
-            proc.returncode = -signal.SIGKILL
-        self.apps.clear()
-        self.sock.close()
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        return self.proc.wait()
-
-    def close(self) -> None:
-        """Close its socket: the host exits (KILLing the groups of any apps it still has). One
-        that has not forked yet may still be importing and not see it: it is KILLed."""
-        self.sock.close()
-        try:
-            self.proc.wait(2 if self.forked else 0.2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @dataclass(frozen=True)
@@ -393,8 +291,11 @@ class Agent:
             return
         try:
             # A GPU node's ranks leave most of its cores idle: a replacement warms up there
-            # while they train. A CPU node's ranks use every core: it waits for a free slot.
-            self.pool = RankPool(size, mpiexec, refill_while_busy=self.identity.gpus > 0)
+            # while they train. A CPU node's ranks use every core: they are forked from one
+            # warm host (or, without it, a standby waits for a free slot).
+            gpus = self.identity.gpus > 0
+            fork = not gpus and os.environ.get(environment.FORK_RANKS, "1") != "0"
+            self.pool = RankPool(size, mpiexec, refill_while_busy=gpus, fork=fork)
         except OSError as exc:
             log.warning("no standby ranks (%s): fragment ranks start cold", exc)
             return
@@ -404,6 +305,11 @@ class Agent:
     def _ranks_here(self) -> int:
         """Ranks of launches running on this host: the standby slots they hold."""
         return sum(p.running_here for p in self.procs.values() if isinstance(p, RankGroup))
+
+    def _stop_pool(self) -> None:
+        """No more standbys; the rank host stays while its ranks end (:meth:`_close_pool`)."""
+        if self.pool is not None:
+            self.pool.stop()
 
     def _close_pool(self) -> None:
         if self.pool is not None:
@@ -473,7 +379,7 @@ class Agent:
         if self._ending is None:
             self._ending, self._exit_code = why, code
             self._signal_all(signal.SIGTERM)
-            self._close_pool()
+            self._stop_pool()
         if kill_after is not None and self._kill_at is None:
             self._kill_at = time.monotonic() + kill_after
 
@@ -500,7 +406,7 @@ class Agent:
         )
         if self._ending is None:  # else leaving already (preempted, shut down): TERMed, and 0
             self._signal_all(signal.SIGTERM)
-            self._close_pool()
+            self._stop_pool()
             self._ending, self._exit_code = "driver silent", EXIT_LOST
         kill_at = now + LOST_GRACE_S
         self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)

@@ -21,7 +21,6 @@ ranks start cold), since a standby that cannot start here never will.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -36,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import environment
+from ..training import relay as relay_module
 from ..training.command import WORKER_MODULE
+from .warmhost import WarmHost, killpg
 
 __all__ = [
     "RANKS_KEY",
@@ -71,24 +72,23 @@ def rank_argv(argv: list[str], rank: int, ranks: int) -> list[str]:
     return argv + ["--group", str(rank), "--groups", str(ranks)] if ranks > 1 else list(argv)
 
 
-def killpg(pgid: int, sig: int) -> None:
-    """Signal a process group; one that is gone already is no error (nobody left)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 @dataclass
 class Standby:
-    """One standby: its ``mpiexec -n 1`` (its own process group) and, once ready, its socket."""
+    """One standby: its ``mpiexec -n 1`` (its own process group) and, once ready, its socket.
+    A relay (:mod:`parsl_bf.training.relay`) is one whose rank the pool's rank host forks."""
 
     proc: subprocess.Popen
     sock: socket.socket | None = None  # once it said ready
-    #: The rank's own pid: Hydra starts ranks in sessions of their own, so a signal to the
-    #: ``mpiexec``'s group reaches the rank only as Hydra forwards it (TERM, USR1), not a KILL.
+    #: The pid of its job's process (the standby, or the relay): Hydra starts it in a session
+    #: of its own, so a signal to ``mpiexec``'s group reaches it only as Hydra forwards it
+    #: (TERM, USR1), not a KILL.
     rank_pid: int | None = None
     job: bytes | None = None  # given while it was still starting: sent once it is ready
     nice: bool = False  # warming up at niceness 19 (a replacement)
     here: bool = True  # runs on the agent's host (a cold rank may run on another)
+    relay: bool = False  # a relay: its rank is forked by the rank host
+    pmi: dict[str, str] | None = None  # a ready relay's process-manager address (PMI_PORT, ...)
+    taken_at: float | None = None  # time.time() of the launch that took it
 
     @property
     def ready(self) -> bool:
@@ -134,9 +134,14 @@ class RankPool:
     refill_while_busy : bool
         Replace a taken standby while its rank runs (niced, :data:`REFILL_DELAY_S` after the
         take), not once the rank has exited: for nodes whose ranks leave cores idle (GPUs).
+    fork : bool
+        Keep relays and fork their ranks from a rank host (CPU nodes: a CUDA context does not
+        survive a fork); standbys instead if the host or the relays cannot start here.
     """
 
-    def __init__(self, size: int, mpiexec: str, refill_while_busy: bool = False) -> None:
+    def __init__(
+        self, size: int, mpiexec: str, refill_while_busy: bool = False, fork: bool = False
+    ) -> None:
         self.size, self.mpiexec, self.refill_while_busy = size, mpiexec, refill_while_busy
         self._dir = tempfile.mkdtemp(prefix="parsl-bf-ranks-")  # 0700: only we connect
         self.path = os.path.join(self._dir, "pool.sock")
@@ -150,25 +155,59 @@ class RankPool:
         self._pending: list[socket.socket] = []  # connected, not said which pid yet
         self.failed_starts = 0  # standbys that died before they were ready, in a row
         self.broken = False
+        self.stopped = False  # the agent is leaving: no more standbys
         self._refill_at: float | None = None  # monotonic time to replace what launches took
+        #: The rank host that forks the ranks of relays; None: standbys (GPU nodes, or forking
+        #: cannot work here).
+        self.host: WarmHost | None = None
+        if fork:
+            self._start_host()
 
     @property
     def waiting(self) -> bool:
         """A launch's rank waits for a standby still starting: serve often."""
         return any(s.job is not None for s in self.standbys.values())
 
+    def _start_host(self) -> None:
+        try:
+            self.host = WarmHost(ranks=True)
+        except OSError as exc:
+            log.warning("no rank host (%s): standby ranks instead", exc)
+            return
+        log.info("rank host started (pid %d)", self.host.proc.pid)
+
+    def _stop_forking(self, why: str) -> None:
+        """Standbys from now on: kill the relays not taken (a launch waiting for one loses
+        that rank, as to a standby that died) and the host."""
+        log.warning("ranks cannot be forked here (%s): standby ranks instead", why)
+        for token, s in list(self.standbys.items()):
+            if s.relay:
+                del self.standbys[token]
+                s.kill()
+                s.proc.wait()
+        if self.host is not None:
+            self.host.close()
+            self.host = None
+        self.failed_starts = 0
+
     def fill(self, nice: bool = False, slots: int | None = None) -> None:
         """Start standbys up to ``slots`` not taken (default ``size``; none once broken);
         ``nice``: at niceness 19 while they warm up (replacements, which start while ranks
         train on the same node)."""
         want = self.size if slots is None else min(slots, self.size)
-        while not self.broken and sum(s.job is None for s in self.standbys.values()) < want:
-            argv = [self.mpiexec, "-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
+        while not (self.broken or self.stopped) and self._untaken() < want:
             self._tokens += 1
+            relay = self.host is not None
+            if relay:  # a bare interpreter: no warm-up, so no competing with the ranks
+                argv = [self.mpiexec, "-pmi-port", "-n", "1", sys.executable, "-I", "-S"]
+                argv.append(relay_module.__file__)
+            else:
+                argv = [self.mpiexec, "-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
+                argv += ["--nice"] if nice else []
             argv += ["--connect", self.path, "--token", str(self._tokens)]
             try:
                 proc = subprocess.Popen(
-                    [*argv, "--nice"] if nice else argv,
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     start_new_session=True,  # its own group, as every process of the agent
@@ -177,14 +216,21 @@ class RankPool:
                 log.warning("no standby rank (%s): fragment ranks start cold", exc)
                 self.broken = True
                 return
-            self.standbys[self._tokens] = Standby(proc, nice=nice)
+            self.standbys[self._tokens] = Standby(proc, nice=nice and not relay, relay=relay)
+
+    def _untaken(self) -> int:
+        return sum(s.job is None for s in self.standbys.values())
 
     def serve(self, busy: int = 0) -> None:
         """Accept standbys that connected, read their ``ready``, forget those that died, and
         start one for each slot that no rank runs in (``busy``: this host's ranks running);
         with ``refill_while_busy``, replace those taken :data:`REFILL_DELAY_S` after the take
-        instead."""
-        if not self.refill_while_busy:
+        instead. Relays are replaced at once: they cost no warm-up."""
+        if self.host is not None and not self.host.read():
+            self._host_gone()
+        if self.host is not None:
+            self.fill()
+        elif not self.refill_while_busy:
             self.fill(slots=self.size - busy)
         elif self._refill_at is not None and time.monotonic() >= self._refill_at:
             self._refill_at = None
@@ -192,7 +238,7 @@ class RankPool:
         while True:
             try:
                 conn, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, OSError):
                 break
             conn.setblocking(False)
             self._pending.append(conn)
@@ -210,21 +256,40 @@ class RankPool:
             if s.sock is not None and _recv(s.sock) is None or s.proc.poll() is not None:
                 self._died(token, s)
 
+    def _host_gone(self) -> None:
+        """The rank host died. Ranks it forked live on (their relays' jobs); a rank asked of it
+        and not forked yet is lost (its relay sees its end). One that had warmed up is replaced;
+        one that could not is not: standbys instead."""
+        host, self.host = self.host, None
+        assert host is not None
+        code = host.lost()
+        log.warning("rank host (pid %d) exited with %d", host.proc.pid, code)
+        if host.ready and not self.stopped:
+            self._start_host()
+        else:
+            self._stop_forking(f"the rank host exited with {code} before it was warm")
+
     def _adopt(self, conn: socket.socket, line: bytes) -> None:
         try:
             said = json.loads(line)
             rank_pid, s = int(said["ready"]), self.standbys.get(int(said["token"]))
-        except (ValueError, KeyError, TypeError):
+            pmi = {str(k): str(v) for k, v in (said.get("pmi") or {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
             s = None
         if s is None or s.sock is not None:
             conn.close()
             return
         s.sock, s.rank_pid = conn, rank_pid
         self.failed_starts = 0
+        if s.relay:
+            if "PMI_PORT" not in pmi:  # not Hydra's -pmi-port: a forked rank has no world
+                self._stop_forking(f"{self.mpiexec} -pmi-port gave its job no PMI_PORT")
+                return
+            s.pmi = pmi
         log.info("standby rank ready (pid %d)", rank_pid)
         if s.job is not None:  # taken while starting: its rank's job goes out now
             self._forget(s)
-            s.send(s.job)
+            self._hand(s, s.job)
 
     def _died(self, token: int, s: Standby) -> None:
         del self.standbys[token]
@@ -238,7 +303,9 @@ class RankPool:
                 s.proc.pid,
                 code,
             )
-            if self.failed_starts >= self.size:
+            if self.failed_starts >= self.size and s.relay:
+                self._stop_forking(f"{self.failed_starts} relays in a row exited")
+            elif self.failed_starts >= self.size:
                 log.warning("standby ranks cannot start here: fragment ranks start cold")
                 self.broken = True
 
@@ -260,27 +327,57 @@ class RankPool:
             return None
         if self._refill_at is None and self.refill_while_busy:
             self._refill_at = time.monotonic() + REFILL_DELAY_S
+        s = ready[0] if ready else starting[0]
+        s.taken_at = time.time()
         if ready:
-            s = ready[0]
             self._forget(s)
-            return s if s.send(job) else None
-        s = starting[0]
+            return s if self._hand(s, job) else None
         s.job = job
         return s
+
+    def _hand(self, s: Standby, job: bytes) -> bool:
+        """Give a ready standby its job (a relay's goes to the rank host, which forks the rank
+        with the relay's connection); False if it died just now or the host is gone (the rank
+        then is one that failed)."""
+        if not s.relay:
+            return s.send(job)
+        assert s.sock is not None
+        request = json.loads(job) | {"pmi": s.pmi, "relay": s.rank_pid, "at": s.taken_at}
+        try:
+            if self.host is None:
+                raise OSError("no rank host")
+            self.host.fork_rank(f"relay.{s.rank_pid}", request, s.sock.fileno())
+        except OSError as exc:
+            log.warning("rank of relay %s not forked: %s", s.rank_pid, exc)
+            s.kill()
+            return False
+        s.sock.close()  # the rank's now: the relay sees its end when the rank's copy closes
+        s.sock, s.job = None, None
+        return True
 
     def _forget(self, s: Standby) -> None:
         for token, other in list(self.standbys.items()):
             if other is s:
                 del self.standbys[token]
 
-    def close(self) -> None:
-        """End every standby not taken, and the socket."""
+    def stop(self) -> None:
+        """End every standby not taken, and start no more (the agent is leaving); the rank
+        host stays until :meth:`close`, after the ranks it forked."""
+        self.stopped = True
         for s in self.standbys.values():
             s.kill()
             s.proc.wait()
         self.standbys.clear()
         for conn in self._pending:
             conn.close()
+        self._pending.clear()
+
+    def close(self) -> None:
+        """:meth:`stop`, then end the rank host and the socket."""
+        self.stop()
+        if self.host is not None:
+            self.host.close()
+            self.host = None
         self.listener.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 

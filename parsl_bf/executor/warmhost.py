@@ -29,26 +29,36 @@ group itself).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import runner
-
-__all__ = ["main", "serve"]
+__all__ = ["WarmHost", "WarmProc", "killpg", "main", "serve", "warm_ranks"]
 
 #: Signals the agent handles (a preemption); the host leaves them to it.
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 PR_SET_PDEATHSIG = 1
+#: How long a forked rank waits for its relay to be gone before it exits anyway.
+RELAY_EXIT_S = 5.0
+
+
+def killpg(pgid: int, sig: int) -> None:
+    """Signal a process group; one that is gone already is no error (nobody left)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _die_with_parent() -> None:
@@ -67,22 +77,25 @@ class _Baseline:
         self.path = list(sys.path)
 
 
-def _run_app(req: dict[str, Any], base: _Baseline) -> int:
-    """In a worker: set up as the app's process would be, run the app; its exit code."""
+def _become(req: dict[str, Any], base: _Baseline, env: dict[str, str]) -> None:
+    """In a forked child: what a fresh interpreter started for ``req`` would have: the
+    environment it was forked with plus ``env`` (``PYTHONPATH`` entries in ``sys.path`` too),
+    ``req``'s ``cwd`` and output files, default signal handlers, no ``atexit`` handlers."""
     signal.set_wakeup_fd(-1)
     for sig in (*IGNORED, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-    atexit._clear()  # the host's (or the last app's) exit handlers are not this app's
+    atexit._clear()  # the host's (or the last app's) exit handlers are not this one's
     if req.get("cwd"):
         os.chdir(req["cwd"])
-    env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
     os.environ.clear()
     os.environ.update(base.environ)
     os.environ.update(env)
     # What a fresh `python -m` would have on sys.path: the cwd first, then PYTHONPATH.
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *(p for p in base.path[1:] if p not in extra)]
+    if extra:
+        importlib.invalidate_caches()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     for fd, path in ((1, req.get("stdout")), (2, req.get("stderr"))):
@@ -91,6 +104,17 @@ def _run_app(req: dict[str, Any], base: _Baseline) -> int:
         if f != null:
             os.close(f)
     os.close(null)
+
+
+def _strings(mapping: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (mapping or {}).items()}
+
+
+def _run_app(req: dict[str, Any], base: _Baseline) -> int:
+    """In a worker: set up as the app's process would be, run the app; its exit code."""
+    from . import runner  # imported by the host already (main)
+
+    _become(req, base, _strings(req.get("env")))
     args = [str(req["src"]), str(req["out"])]
     sys.argv = [runner.__file__, *args]
     try:
@@ -106,6 +130,69 @@ def _run_app(req: dict[str, Any], base: _Baseline) -> int:
             with contextlib.suppress(Exception):
                 stream.flush()
     return code
+
+
+def warm_ranks() -> None:
+    """Make this process a rank host: what every rank pays before its task's code (torch,
+    the trainer, mpi4py, a first optimizer step), without initialising MPI, which each forked
+    rank does in its own job's world, nor starting threads, which a fork would not copy."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False  # each rank: MPI.Init() with its relay's PMI address
+    mpi4py.rc.finalize = False  # and MPI_Finalize in worker.exit_now, before its relay goes
+    import torch
+
+    torch.set_num_threads(1)  # no OpenMP pool here; each rank sizes its own (share_cores)
+    from ..training import standby
+
+    standby.warm_up()
+
+
+def _rank(req: dict[str, Any], base: _Baseline, relay: socket.socket) -> NoReturn:
+    """A forked rank: tell the relay who it is, become the rank's process, initialise MPI in
+    the relay's world, run the trainer, and hand the exit code to the relay (its ``mpiexec``'s
+    code) before exiting; if the relay dies first (a KILL to the job), KILL this group."""
+    done = threading.Event()
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            relay.recv(1)  # only its end comes: at its exit, or its death
+        if not done.is_set():
+            os.killpg(0, signal.SIGKILL)
+
+    def release(code: int) -> None:
+        done.set()
+        relay.sendall(json.dumps({"code": code}).encode() + b"\n")
+        if watcher.is_alive():
+            watcher.join(RELAY_EXIT_S)
+        deadline = time.monotonic() + RELAY_EXIT_S
+        while time.monotonic() < deadline:  # until Hydra has reaped it, not only closed
+            try:
+                os.kill(int(req["relay"]), 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.001)
+
+    from ..training import worker  # imported by the host already (warm_ranks)
+
+    watcher = threading.Thread(target=watch, name="relay", daemon=True)
+    code = 1
+    try:
+        os.setsid()
+        relay.setblocking(True)
+        relay.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        watcher.start()
+        _become(req, base, _strings(req.get("env")) | _strings(req.get("pmi")))
+        from mpi4py import MPI
+
+        MPI.Init()
+        argv = [str(a) for a in req["argv"]]
+        sys.argv = [worker.__file__, *argv]
+        code = worker.exit_code(worker.main, argv, started_at=float(req["at"]))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    worker.exit_now(code, release)
 
 
 def _kill_leftovers() -> None:
@@ -162,9 +249,12 @@ class _Worker:
 
 
 class _Host:
-    def __init__(self, sock: socket.socket, parent: int) -> None:
+    def __init__(self, sock: socket.socket, parent: int, ranks: bool = False) -> None:
         self.sock, self.parent = sock, parent
-        self.workers: dict[int, _Worker] = {}  # pid → worker
+        self.rank_host = ranks  # forks fragment ranks, not plain apps
+        self.workers: dict[int, _Worker] = {}  # pid → worker (plain apps)
+        self.ranks: dict[int, str] = {}  # pid → key of a forked rank, until reaped
+        self.relays: collections.deque[int] = collections.deque()  # fds received, in order
         self.wake_r, self.wake_w = os.pipe()
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -189,6 +279,30 @@ class _Host:
         mine.setblocking(False)
         worker = self.workers[pid] = _Worker(pid, mine)
         return worker
+
+    def fork_rank(self, req: dict[str, Any]) -> None:
+        """Fork the rank of ``req`` with the next relay connection received (:func:`_rank`)."""
+        key = str(req["key"])
+        if not self.relays:  # the agent always sends one: a request without it is lost
+            self.send({"key": key, "code": 126})
+            return
+        fd = self.relays.popleft()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(fd)  # the relay sees its end: the rank is lost, and mpiexec says so
+            self.send({"key": key, "code": 126})
+            return
+        if pid == 0:  # the child
+            for other in (self.sock.fileno(), self.wake_r, self.wake_w, *self.relays):
+                with contextlib.suppress(OSError):
+                    os.close(other)
+            _rank(req, _Baseline(), socket.socket(fileno=fd))
+        os.close(fd)  # the rank's now: its relay ends with it
+        self.ranks[pid] = key
+        self.send({"key": key, "pid": pid})
 
     def run(self, req: dict[str, Any]) -> None:
         """Hand the app to an idle worker (forking one if none is), as :func:`_worker` runs it."""
@@ -226,13 +340,16 @@ class _Host:
                 worker.key = None
 
     def reap(self) -> None:
-        while self.workers:
+        while self.workers or self.ranks:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if pid in self.ranks:
+                self.send({"key": self.ranks.pop(pid), "code": os.waitstatus_to_exitcode(status)})
+                continue
             worker = self.workers.pop(pid, None)
             if worker is None:
                 continue
@@ -240,6 +357,18 @@ class _Host:
                 worker.sock.close()
             if worker.key is not None:  # it died running an app: that app's end
                 self.send({"key": worker.key, "code": os.waitstatus_to_exitcode(status)})
+
+    def finish_ranks(self) -> None:
+        """Reap the ranks still ending (within :data:`RELAY_EXIT_S`): a host that is closed
+        leaves no zombies for an init that may not reap them."""
+        deadline = time.monotonic() + RELAY_EXIT_S
+        while self.ranks and time.monotonic() < deadline:
+            for pid in list(self.ranks):
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        continue
+                del self.ranks[pid]
+            time.sleep(0.01)
 
     def serve(self) -> int:
         for fd in (self.wake_r, self.wake_w):
@@ -260,40 +389,184 @@ class _Host:
                     if sock in live:
                         self.answers(live[sock])
                 if self.sock in ready:
-                    data = self.sock.recv(65536)
+                    # A rank's request comes with its relay's connection (SCM_RIGHTS), at or
+                    # before the request's first byte: fds queue up in the requests' order.
+                    data, fds, _, _ = socket.recv_fds(self.sock, 65536, 64)
+                    self.relays.extend(fds)
                     if not data:
+                        self.finish_ranks()
                         return 0  # the agent closed its end, or died
                     buf += data
                     while b"\n" in buf:
                         line, buf = buf.split(b"\n", 1)
-                        self.run(json.loads(line))
+                        req = json.loads(line)
+                        self.fork_rank(req) if self.rank_host else self.run(req)
                 self.reap()
             return 0
         except (BrokenPipeError, ConnectionResetError):
             return 0
         finally:
+            # Forked ranks live on: each is its relay's mpiexec job, which the agent signals
+            # and reaps (and KILLs when it leaves); a host that dies costs no training.
             for pid in self.workers:  # the agent is gone: so is their work
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
 
 
-def serve(fd: int, parent: int | None = None) -> int:
-    """Serve the agent on socket ``fd`` until it closes; returns the exit code."""
+class WarmProc:
+    """A plain app in a worker of the warm host: ``pid`` (its group) once the host told it; None
+    again once it is done and its worker lives on (the group is the next app's)."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self.pending: list[int] = []  # signals asked for before the pid came
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+class WarmHost:
+    """The agent's end of a warm host: the process, its socket, the apps it forked.
+
+    Parameters
+    ----------
+    ranks : bool
+        A rank host (``--ranks``), which forks fragment ranks (:meth:`fork_rank`) rather than
+        plain apps (:meth:`launch`).
+    """
+
+    def __init__(self, ranks: bool = False) -> None:
+        ours, theirs = socket.socketpair()
+        argv = [sys.executable, "-m", "parsl_bf.executor.warmhost", str(theirs.fileno())]
+        try:
+            self.proc = subprocess.Popen(
+                [*argv, "--ranks"] if ranks else argv,
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a ^C or the job's TERM to our group is ours to handle
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.apps: dict[str, WarmProc] = {}
+        self.forked = False  # it has served an app: worth replacing if it dies
+        self.ready = False  # it has done its imports
+        self._buf = b""
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def launch(self, key: str, request: dict[str, Any]) -> WarmProc:
+        """Have it fork plain app ``key``; raises OSError if it is gone (the caller falls back)."""
+        self._send({"key": key, **request})
+        self.apps[key] = proc = WarmProc()
+        return proc
+
+    def fork_rank(self, key: str, request: dict[str, Any], relay: int) -> None:
+        """Have a rank host fork rank ``key`` for the relay connected on fd ``relay`` (sent
+        along, :mod:`parsl_bf.training.relay`); raises OSError if the host is gone. The rank's
+        signals and exit go through its relay's ``mpiexec``, so it is not tracked here."""
+        self._send({"key": key, **request}, relay)
+        self.forked = True
+
+    def _send(self, msg: dict[str, Any], fd: int | None = None) -> None:
+        data = json.dumps(msg).encode() + b"\n"
+        self.sock.setblocking(True)
+        try:
+            if fd is not None:  # the fd goes with the first byte; the rest follows
+                sent = socket.send_fds(self.sock, [data], [fd])
+                data = data[sent:]
+            self.sock.sendall(data)
+        finally:
+            self.sock.setblocking(False)
+
+    def read(self) -> bool:
+        """Take in what the host said; ``False`` once it is gone."""
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            self._buf += data
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if "ready" in msg:
+                    self.ready = True
+                    continue
+                proc = self.apps.get(str(msg.get("key")))
+                if proc is None:
+                    continue
+                if "pid" in msg:
+                    self.forked = True
+                    proc.pid = int(msg["pid"])
+                    for sig in proc.pending:
+                        killpg(proc.pid, sig)
+                    proc.pending.clear()
+                if "code" in msg:
+                    if msg.get("alive"):  # a worker that runs the next app: not its group
+                        proc.pid = None
+                    proc.returncode = int(msg["code"])
+                    del self.apps[str(msg["key"])]
+
+    def lost(self) -> int:
+        """The host is gone: KILL what it had, mark it exited with -9; the host's exit code."""
+        for proc in self.apps.values():
+            if proc.pid is not None:
+                killpg(proc.pid, signal.SIGKILL)
+            proc.returncode = -signal.SIGKILL
+        self.apps.clear()
+        self.sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        return self.proc.wait()
+
+    def close(self) -> None:
+        """Close its socket: the host exits (KILLing the groups of any apps it still has). One
+        that has not forked yet may still be importing and not see it: it is KILLed."""
+        self.sock.close()
+        try:
+            self.proc.wait(RELAY_EXIT_S + 1 if self.forked else 0.2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve(fd: int, parent: int | None = None, ranks: bool = False) -> int:
+    """Serve the agent on socket ``fd`` until it closes (a rank host with ``ranks``, once warm:
+    :func:`warm_ranks`); returns the exit code."""
     sock = socket.socket(fileno=fd)
     sock.setblocking(True)
-    return _Host(sock, os.getppid() if parent is None else parent).serve()
+    if ranks:
+        warm_ranks()
+    else:
+        from . import runner  # noqa: F401  (what every plain app imports)
+    try:
+        sock.sendall(json.dumps({"ready": os.getpid()}).encode() + b"\n")
+    except OSError:  # closed while we warmed up: nothing to serve
+        return 0
+    return _Host(sock, os.getppid() if parent is None else parent, ranks).serve()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m parsl_bf.executor.warmhost FD", file=sys.stderr)
+    if len(args) not in (1, 2) or not args[0].isdigit() or args[1:] not in ([], ["--ranks"]):
+        print("usage: python -m parsl_bf.executor.warmhost FD [--ranks]", file=sys.stderr)
         return 2
     parent = os.getppid()
     _die_with_parent()
     if os.getppid() != parent:  # it died before the prctl took
         return 0
-    return serve(int(args[0]), parent)
+    return serve(int(args[0]), parent, ranks=args[1:] == ["--ranks"])
 
 
 if __name__ == "__main__":

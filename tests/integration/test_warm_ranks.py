@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from parsl_bf import environment
 from parsl_bf.executor.channel import PilotGone, PilotUp, ProcessExited
 from parsl_bf.executor.ranks import RANKS_KEY, REFILL_DELAY_S, RankPool, rank_argv
 from parsl_bf.training.command import MPIEXEC, worker_argv
@@ -31,8 +32,8 @@ def _ready_pids(stderr: Path) -> list[int]:
     return [int(p) for p in re.findall(r"standby rank ready \(pid (\d+)\)", text)]
 
 
-def _standbys_of(agent: int) -> list[int]:
-    """PIDs of the standby ranks (the Python processes) an agent's pool started."""
+def _processes(agent: int, match) -> list[int]:
+    """PIDs of the live processes under ``agent`` whose argv ``match(argv)`` accepts."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -40,9 +41,35 @@ def _standbys_of(agent: int) -> list[int]:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv[2:3] == [b"parsl_bf.training.standby"] and descends(int(proc.name), agent):
+            if match(argv) and descends(int(proc.name), agent) and alive(int(proc.name)):
                 found.append(int(proc.name))
     return found
+
+
+def _standbys_of(agent: int) -> list[int]:
+    """PIDs of the standby ranks (the Python processes) or relays an agent's pool started."""
+    return _processes(
+        agent,
+        lambda argv: (
+            argv[2:3] == [b"parsl_bf.training.standby"]
+            or argv[1:3] == [b"-I", b"-S"]
+            and argv[3].endswith(b"training/relay.py")
+        ),
+    )
+
+
+def _rank_hosts_of(agent: int) -> list[int]:
+    """PIDs of an agent's rank host and the ranks it forked (their argv is the host's)."""
+    return _processes(agent, lambda argv: b"parsl_bf.executor.warmhost" in argv[:3]
+                      and b"--ranks" in argv)  # fmt: skip
+
+
+@pytest.fixture(params=["fork", "standby"])
+def mode(request, monkeypatch) -> str:
+    """Both ways a CPU node's warm ranks start: forked from the rank host (relays), or as
+    standby processes (``PARSL_BF_FORK_RANKS=0``; GPU nodes, and launchers without a PMI port)."""
+    monkeypatch.setenv(environment.FORK_RANKS, "1" if request.param == "fork" else "0")
+    return request.param
 
 
 def _ranks_launch(key: str, tmp: Path, ranks: int, work: int, first: int = 0) -> dict:
@@ -63,7 +90,7 @@ def test_rank_argv_makes_each_rank_its_own_group() -> None:
 
 
 def test_fragment_ranks_start_on_standbys_and_train_every_sample(
-    serve, agent, tmp_path: Path
+    serve, agent, tmp_path: Path, mode: str
 ) -> None:
     server, events = serve()
     proc = agent(server.url)
@@ -95,9 +122,9 @@ def test_fragment_ranks_start_on_standbys_and_train_every_sample(
     until(lambda: not any(alive(pid) for pid in replacements), 10, "a standby outlived its agent")
 
 
-def test_a_killed_rank_ends_its_whole_launch(serve, agent, tmp_path: Path) -> None:
+def test_a_killed_rank_ends_its_whole_launch(serve, agent, tmp_path: Path, mode: str) -> None:
     server, events = serve()
-    agent(server.url)
+    proc = agent(server.url)
     stderr = tmp_path / "pilot.1.stderr"
     events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
     server.send("pilot.1", {"op": "warm_ranks", "size": 2, "mpiexec": MPIEXEC})
@@ -111,6 +138,8 @@ def test_a_killed_rank_ends_its_whole_launch(serve, agent, tmp_path: Path) -> No
     (exited,) = events.of(ProcessExited)
     assert exited.key == "frag" and exited.code != 0
     until(lambda: not alive(first), 10, "the surviving rank was left training")
+    # Forked ranks too (the host is all that is left of it).
+    until(lambda: len(_rank_hosts_of(proc.pid)) <= 1, 10, "a forked rank was left training")
 
 
 def test_ranks_start_cold_when_no_standby_can_start(serve, agent, tmp_path: Path) -> None:
@@ -129,7 +158,7 @@ def test_ranks_start_cold_when_no_standby_can_start(serve, agent, tmp_path: Path
 
 
 def test_a_rank_launched_while_its_standby_starts_waits_for_it(
-    serve, agent, tmp_path: Path
+    serve, agent, tmp_path: Path, mode: str
 ) -> None:
     server, events = serve()
     agent(server.url)
@@ -147,7 +176,7 @@ def test_a_rank_launched_while_its_standby_starts_waits_for_it(
 
 
 def test_a_pilot_submitted_for_training_starts_its_standbys_before_it_registers(
-    serve, agent, tmp_path: Path
+    serve, agent, tmp_path: Path, mode: str
 ) -> None:
     server, events = serve()
     # --warm-ranks: the executor had training to do when it submitted this pilot.
@@ -172,7 +201,8 @@ def test_a_taken_standby_is_replaced_once_its_rank_exits_not_while_it_trains(
     serve, agent, tmp_path: Path
 ) -> None:
     server, events = serve()
-    proc = agent(server.url)  # CPU nodes: a standby's warm-up would slow the rank beside it
+    # CPU nodes without forking: a standby's warm-up would slow the rank beside it.
+    proc = agent(server.url, env={environment.FORK_RANKS: "0"})
     stderr = tmp_path / "pilot.1.stderr"
     events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
     server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
@@ -212,3 +242,79 @@ def test_a_pool_that_refills_while_busy_replaces_a_taken_standby_niced() -> None
         assert taken.proc.wait(60) == 0  # the job (the worker's --help) ran on the standby
     finally:
         pool.close()
+
+
+def _forked(stderr: Path) -> bool:
+    return "rank host started" in (stderr.read_text() if stderr.exists() else "")
+
+
+def test_a_forked_rank_checkpoints_on_term_while_its_slot_is_refilled(
+    serve, agent, tmp_path: Path
+) -> None:
+    server, events = serve()
+    proc = agent(server.url)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
+    until(lambda: len(_ready_pids(stderr)) == 1, 120, "the relay never became ready")
+    assert _forked(stderr)
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 50_000_000))
+    progress = tmp_path / "frag" / "progress.jsonl"
+    until(lambda: progress.exists() and "start" in progress.read_text(), 120, "no first step")
+    (host, rank) = sorted(_rank_hosts_of(proc.pid))  # the rank: forked after the host
+    # A relay costs no warm-up: its slot is refilled while the rank trains.
+    until(lambda: len(_ready_pids(stderr)) == 2, 120, "the relay was not replaced")
+    # The preemption's TERM reaches the forked rank through its relay: it checkpoints, and
+    # its code is mpiexec's.
+    server.send("pilot.1", {"op": "signal", "key": "frag", "signal": "TERM"})
+    events.wait(ProcessExited("pilot.1", "frag", 0), timeout=60)
+    result = json.loads((tmp_path / "frag" / "result.json").read_text())
+    assert result["status"] == "stopped" and result["samples"] > 0
+    assert Path(result["checkpoint"]).exists()
+    until(lambda: not alive(rank), 10, "the forked rank outlived its relay")
+    assert alive(host)
+    server.send("pilot.1", {"op": "shutdown"})
+    events.wait(PilotGone("pilot.1", "bye"))
+    assert proc.wait(20) == 0
+    until(lambda: not alive(host), 10, "the rank host outlived its agent")
+
+
+def test_a_dead_rank_host_is_replaced_and_its_ranks_train_on(serve, agent, tmp_path: Path) -> None:
+    server, events = serve()
+    proc = agent(server.url)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 50_000_000))
+    progress = tmp_path / "frag" / "progress.jsonl"
+    until(lambda: progress.exists() and "start" in progress.read_text(), 120, "no first step")
+    (host, rank) = sorted(_rank_hosts_of(proc.pid))
+    os.kill(host, signal.SIGKILL)
+    until(lambda: stderr.read_text().count("rank host started") == 2, 60, "no new rank host")
+    assert alive(rank)  # the rank is its relay's job, not the host's
+    server.send("pilot.1", {"op": "signal", "key": "frag", "signal": "TERM"})
+    events.wait(ProcessExited("pilot.1", "frag", 0), timeout=60)
+    assert json.loads((tmp_path / "frag" / "result.json").read_text())["status"] == "stopped"
+    # The new host forks the next fragment's rank.
+    server.send("pilot.1", _ranks_launch("next", tmp_path, 1, 2000))
+    events.wait(ProcessExited("pilot.1", "next", 0), timeout=120)
+    assert "launched next: 1 rank(s), 1 warm" in stderr.read_text()
+    assert json.loads((tmp_path / "next" / "result.json").read_text())["samples"] == 2000
+
+
+def test_a_launcher_that_gives_no_pmi_port_gets_standbys(serve, agent, tmp_path: Path) -> None:
+    # An mpiexec that ignores -pmi-port (its job gets PMI_FD, which a fork cannot share).
+    launcher = tmp_path / "mpiexec"
+    launcher.write_text(f'#!/bin/sh\n[ "$1" = -pmi-port ] && shift\nexec {MPIEXEC} "$@"\n')
+    launcher.chmod(0o755)
+    server, events = serve()
+    agent(server.url)
+    stderr = tmp_path / "pilot.1.stderr"
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": str(launcher)})
+    until(lambda: "ranks cannot be forked here" in stderr.read_text(), 60, "no fallback")
+    until(lambda: len(_ready_pids(stderr)) == 1, 120, "no standby became ready")
+    server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 2000))
+    events.wait(ProcessExited("pilot.1", "frag", 0), timeout=120)
+    assert "launched frag: 1 rank(s), 1 warm" in stderr.read_text()
+    assert json.loads((tmp_path / "frag" / "result.json").read_text())["samples"] == 2000
