@@ -4,7 +4,7 @@ size, for a shrink (BIG → SMALL ranks) and a grow (SMALL → BIG), median of `
 At the decision the old ranks get SIGUSR1: they finish their step, rank 0 writes the checkpoint
 and the result file, they exit. The new size runs with ``--after`` that result file: it imports
 torch and builds the model and optimizer, waits for the file, loads the checkpoint and steps.
-Modes (``--mode``, a comma-separated list; by default all four, in one run, ``ranks`` first:
+Modes (``--mode``, a comma-separated list; by default all five, in one run, ``ranks-fork`` first:
 the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_handover_s``,
 ``grow_handover_s`` and ``step_s`` are the first mode's):
 
@@ -26,6 +26,9 @@ the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_h
   the state from rank 0). Besides the decision → first step it reports the step time at the
   new size (from the ``step`` reports) and the overhead, the difference, against the target of
   0.5 s;
+- ``ranks-fork`` (the default, first): the same cases on a ``RankPool(fork=True)``, as the
+  agent keeps on a CPU node: relays ready before the decision, and each rank forked from the
+  pool's rank host, which has imported torch and the trainer once;
 - ``ranks-cold``: the same four cases with no pool: each rank a cold ``mpiexec -n 1`` started
   at the decision (what a launch gets when no standby is ready), the baseline of ``ranks``.
 
@@ -64,7 +67,7 @@ TASK = "parsl_bf.training.examples:resnet18_synthetic"
 GLOBAL_BATCH = 16  # samples per step at every world size
 OPTIONS = {"samples": 128, "image": 64, "global_batch": GLOBAL_BATCH}
 HANDOVER_MODES = ("standby", "cold")
-RANKS_MODES = ("ranks", "ranks-cold")
+RANKS_MODES = ("ranks-fork", "ranks", "ranks-cold")
 CASES = ("start", "restart", "shrink_handover", "grow_handover", "shrink", "grow")
 TARGET_OVERHEAD_S = 0.5  # the issue's target: decision → first step ≤ 0.5 s + one step
 #: An overhead below -NOISE (or -10 % of a step) cannot be: the first step is a step.
@@ -305,10 +308,16 @@ def pool_ready(pool: RankPool | None) -> None:
         return
     pool.fill()
 
+    forking = pool.host is not None
+
     def ready() -> bool:
         pool.serve()
         if pool.broken:
             raise RuntimeError("the standby ranks cannot start here")
+        if forking and pool.host is None:
+            raise RuntimeError("ranks cannot be forked here (the rank pool fell back)")
+        if forking and not pool.host.ready:
+            return False
         return sum(s.ready and s.job is None for s in pool.standbys.values()) >= pool.size
 
     wait_until(ready, poll=0.02)
@@ -481,12 +490,13 @@ def ranks_cycle(
 def ranks(
     mode: str, repeats: int, big: int, small: int, env: dict[str, str], suspect: list[str]
 ) -> dict:
-    """``ranks`` or ``ranks-cold``: ``repeats`` cycles of the six cases; medians per case."""
+    """``ranks-fork``, ``ranks`` or ``ranks-cold``: ``repeats`` cycles of the six cases;
+    medians per case."""
     rows: dict[str, list[dict]] = {c: [] for c in CASES}
     pool = None
-    if mode == "ranks":
+    if mode in ("ranks", "ranks-fork"):
         os.environ.update(env)  # the standbys' environment is the agent's: here, ours
-        pool = RankPool(big, MPIEXEC)
+        pool = RankPool(big, MPIEXEC, fork=mode == "ranks-fork")
         MARKS.append(pool.path)
     try:
         for rep in range(repeats):
@@ -567,10 +577,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: --repeats 1")
     ap.add_argument(
         "--mode",
-        default="ranks,ranks-cold,standby,cold",
+        default="ranks-fork,ranks,ranks-cold,standby,cold",
         help="comma-separated, of: standby (the new size started and set up before the "
         "decision, as a pilot's warm workers are), cold (started at the decision), ranks "
         "(warm ranks of a RankPool, ready before the decision: start, restart, shrink, grow), "
+        "ranks-fork (the same, the ranks forked from the pool's rank host, as on CPU nodes), "
         "ranks-cold (the same four cases, every rank a cold mpiexec -n 1)",
     )
     ap.add_argument(
@@ -670,18 +681,21 @@ def main() -> int:
         figures[m.replace("-", "_")] = results[m]
     # Ratios of decision → first step: warm ranks against each baseline run alongside.
     ratios: dict[str, dict[str, float | None]] = {}
-    if "ranks" in results:
-        w = {c: results["ranks"][c]["decision_to_first_step_s"] for c in CASES}
+    for warm in ("ranks-fork", "ranks"):
+        if warm not in results:
+            continue
+        name = warm.replace("-", "_")
+        w = {c: results[warm][c]["decision_to_first_step_s"] for c in CASES}
         for base in ("cold", "standby"):
             if base in results:
-                ratios[f"ranks_vs_{base}"] = {
+                ratios[f"{name}_vs_{base}"] = {
                     k: _ratio(w[k], results[base][f"{k}_s"]) for k in ("shrink", "grow")
                 }
-        if "ranks-cold" in results:
-            cold = results["ranks-cold"]
-            ratios["ranks_vs_ranks_cold"] = {
-                c: _ratio(w[c], cold[c]["decision_to_first_step_s"]) for c in CASES
-            }
+        for base in ("ranks-cold", "ranks"):
+            if base in results and base != warm:
+                ratios[f"{name}_vs_{base.replace('-', '_')}"] = {
+                    c: _ratio(w[c], results[base][c]["decision_to_first_step_s"]) for c in CASES
+                }
     if "standby" in results and "cold" in results:
         ratios["standby_vs_cold"] = {
             k: _ratio(results["standby"][f"{k}_s"], results["cold"][f"{k}_s"])

@@ -25,10 +25,12 @@ exit reported. A host that dies is replaced, and the apps it had are reported as
 (lost: the executor runs a plain app again when it left no outcome); one that never forked (it
 cannot start here) is not, and plain apps run as subprocesses.
 
-Fragments' ranks (a ``launch`` with ``"ranks"``) start on standby ranks of the agent's
+Fragments' ranks (a ``launch`` with ``"ranks"``) start on the agent's
 :class:`~parsl_bf.executor.ranks.RankPool` (kept once the executor says ``warm_ranks``: there
-is training to do), each rank its own ``mpiexec -n 1``, cold when no standby is ready; the
-ranks of one launch are one process to the executor (:class:`~parsl_bf.executor.ranks.RankGroup`).
+is training to do), each rank its own MPI job: on a CPU node forked from the pool's rank host
+into a relay's ``mpiexec`` (``PARSL_BF_FORK_RANKS=0``: not), on a GPU node a standby rank,
+cold (``mpiexec -n 1``) when none is ready; the ranks of one launch are one process to the
+executor (:class:`~parsl_bf.executor.ranks.RankGroup`).
 A pilot submitted once there is training (``--warm-ranks MPIEXEC``) starts its standbys, one per
 node and GPU, before it registers: their imports then overlap the pilot's registration and the
 executor's decision, instead of following them, and a fragment's first start on a fresh pilot

@@ -2,21 +2,34 @@
 
 A fragment's launch on a pilot (:data:`RANKS_KEY` in the ``launch`` message) names ``count``
 ranks, the ``first`` of which is rank ``first`` of the fragment's ``of``. Each rank is its own
-MPI job and its own rendezvous group (``--group first+i --groups of``), so that a rank can be a
-standby that was started before the decision (:mod:`parsl_bf.training.standby`) or, when none
-is ready, a cold ``mpiexec -n 1`` of the same command: the two mix freely. The agent sees the
-ranks of one launch as one process (:class:`RankGroup`), as it saw one ``mpiexec`` of them
-before: signalled together, exited once all have, with the first failure's code; when one rank
-fails the others are killed (what ``mpiexec`` does to a world that lost a rank).
+MPI job and its own rendezvous group (``--group first+i --groups of``), so that a rank can be
+one prepared before the decision or, when none is ready, a cold ``mpiexec -n 1`` of the same
+command: the two mix freely. The agent sees the ranks of one launch as one process
+(:class:`RankGroup`), as it saw one ``mpiexec`` of them before: signalled together, exited once
+all have, with the first failure's code; when one rank fails the others are killed (what
+``mpiexec`` does to a world that lost a rank).
 
-:class:`RankPool` keeps a standby starting or ready for each of its ``size`` rank slots that
-no rank runs in, listening for them on a Unix socket in a private (0700) directory. A taken
-standby is replaced once its rank has exited: a standby's warm-up (imports, about 2 s of CPU)
-beside a rank that trains on the same core slows that rank even at niceness 19, and barely
-progresses meanwhile. On GPU nodes, whose ranks leave most cores idle, it is replaced while
-its rank trains instead, niced (``refill_while_busy``), so that a restart there finds it
-ready. After ``size`` standbys in a row died before they were ready, the pool gives up (its
-ranks start cold), since a standby that cannot start here never will.
+:class:`RankPool` keeps one prepared rank starting or ready for each of its ``size`` rank
+slots, listening for them on a Unix socket in a private (0700) directory. Two kinds:
+
+* **relays**, on CPU nodes (``fork``): each an ``mpiexec -pmi-port -n 1`` of a bare
+  interpreter (:mod:`parsl_bf.training.relay`), which costs no warm-up. A take sends the job
+  and the relay's connection to the pool's rank host (:mod:`.warmhost` ``--ranks``), which has
+  imported torch and the trainer once and forks the rank into the relay's MPI job. A taken
+  relay is replaced at once. A rank host that dies is replaced (its ranks live on); one that
+  cannot warm up, or a launcher that gives its job no ``PMI_PORT`` (not MPICH's Hydra), turns
+  the pool to standbys.
+* **standbys** (:mod:`parsl_bf.training.standby`), on GPU nodes (a CUDA context does not
+  survive a fork) or where forking cannot work: each a process that pays the imports and the
+  first optimizer step before it is taken. A taken standby is replaced once its rank has
+  exited: its warm-up (about 2 s of CPU) beside a rank that trains on the same core slows that
+  rank even at niceness 19, and barely progresses meanwhile. On GPU nodes, whose ranks leave
+  most cores idle, it is replaced while its rank trains instead, niced
+  (``refill_while_busy``), so that a restart there finds it ready.
+
+After ``size`` of them in a row died before they were ready, the pool gives up on relays
+(standbys instead) or on standbys (its ranks start cold), since one that cannot start here
+never will.
 """
 
 from __future__ import annotations

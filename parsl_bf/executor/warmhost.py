@@ -19,6 +19,18 @@ app's ``atexit`` handlers, and KILLs what the app left in its process group. The
 ``{key, code}`` (negative: killed by that signal, as :attr:`subprocess.Popen.returncode` says)
 when the worker died with it, in that order per key.
 
+``python -m parsl_bf.executor.warmhost FD --ranks`` is a rank host instead, one per pilot on a
+CPU node, started by the agent's :class:`~parsl_bf.executor.ranks.RankPool`: it imports torch,
+mpi4py (without initialising MPI) and the trainer and does one optimizer step
+(:func:`warm_ranks`), says ``{ready}``, and then forks one rank per request: the job of a
+standby rank (:mod:`parsl_bf.training.standby`) plus the ``pmi`` address, ``relay`` pid and
+start time ``at`` of a relay (:mod:`parsl_bf.training.relay`), whose connection comes with
+the request (``SCM_RIGHTS``). The rank is what the standby would have been, in a session of its
+own: it initialises MPI in its relay's job, runs :func:`parsl_bf.training.worker.main`, and
+hands its exit code to the relay (:func:`_rank`). A rank does not depend on its host: the agent
+signals and reaps it through its relay's ``mpiexec``, and a host that dies or is closed leaves
+its ranks training (a closed one reaps them first, for :data:`RELAY_EXIT_S`).
+
 The host never outlives the agent: the kernel KILLs it when the agent dies (Linux's
 ``PR_SET_PDEATHSIG``), and it exits when its socket closes or its parent changes, KILLing
 the process groups of its workers; an idle worker ends when the host's end of its socket

@@ -25,9 +25,23 @@ CHECKPOINT_EVERY, BATCH = 5, 64
 TASK = "parsl_bf.training.examples:digits_cnn"
 
 
+def _rank_host(proc: Path) -> bool:
+    return (proc / "cmdline").read_bytes().split(b"\0")[2:5:2] == [
+        b"parsl_bf.executor.warmhost",
+        b"--ranks",
+    ]
+
+
+def _forked_rank(proc: Path) -> bool:
+    """A rank forked by a rank host: a child of one, with its command line."""
+    ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+    return _rank_host(proc) and _rank_host(Path("/proc", ppid))
+
+
 def _ranks(marker: str) -> list[int]:
     """PIDs of training ranks of a run (``marker``: its directory): cold ones mention it on
-    their command line; a standby that took a rank's job writes its output there."""
+    their command line; a standby that took a rank's job, or a rank forked from the rank host,
+    writes its output there."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -38,7 +52,8 @@ def _ranks(marker: str) -> list[int]:
             if "mpiexec" in argv[0].decode(errors="replace"):
                 continue
             cold = "parsl_bf.training.worker" in text and marker in text
-            warm = "parsl_bf.training.standby" in text and marker in os.readlink(proc / "fd/1")
+            warm = "parsl_bf.training.standby" in text or _forked_rank(proc)
+            warm = warm and marker in os.readlink(proc / "fd/1")
             if cold or warm:
                 found.append(int(proc.name))
         except OSError:
