@@ -24,6 +24,7 @@ forked, an agent that closed its pool) this process KILLs itself: the rank is lo
 it has sent its code (a KILL to ``mpiexec``'s job reaches the rank that way).
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -43,10 +44,11 @@ def main(argv: list[str]) -> int:
     rank = {"pid": 0, "pending": []}
 
     def forward(signum: int, frame: object) -> None:
-        if rank["pid"]:
-            os.kill(rank["pid"], signum)
-        else:
+        if not rank["pid"]:
             rank["pending"].append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):  # it is ending: its code comes next
+            os.kill(rank["pid"], signum)
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
