@@ -266,6 +266,8 @@ class RankPool:
                 conn.recv(len(line) + 1)  # consumed: what is readable later is its end
                 self._adopt(conn, line)
         for token, s in list(self.standbys.items()):
+            if self.standbys.get(token) is not s:
+                continue  # gone meanwhile: the relays a fall-back to standbys ended
             if s.sock is not None and _recv(s.sock) is None or s.proc.poll() is not None:
                 self._died(token, s)
 
