@@ -361,7 +361,7 @@ class RankPool:
         try:
             if self.host is None:
                 raise OSError("no rank host")
-            self.host.fork_rank(f"relay.{s.rank_pid}", request, s.sock.fileno())
+            self.host.fork_rank(request, s.sock.fileno())
         except OSError as exc:
             log.warning("rank of relay %s not forked: %s", s.rank_pid, exc)
             s.kill()

@@ -265,7 +265,7 @@ class _Host:
         self.sock, self.parent = sock, parent
         self.rank_host = ranks  # forks fragment ranks, not plain apps
         self.workers: dict[int, _Worker] = {}  # pid → worker (plain apps)
-        self.ranks: dict[int, str] = {}  # pid → key of a forked rank, until reaped
+        self.ranks: set[int] = set()  # pids of forked ranks, until reaped
         self.relays: collections.deque[int] = collections.deque()  # fds received, in order
         self.wake_r, self.wake_w = os.pipe()
 
@@ -293,19 +293,19 @@ class _Host:
         return worker
 
     def fork_rank(self, req: dict[str, Any]) -> None:
-        """Fork the rank of ``req`` with the next relay connection received (:func:`_rank`)."""
-        key = str(req["key"])
+        """Fork the rank of ``req`` with the next relay connection received (:func:`_rank`).
+        Nothing is answered: the rank's signals and exit go through its relay's ``mpiexec``."""
         if not self.relays:  # the agent always sends one: a request without it is lost
-            self.send({"key": key, "code": 126})
+            print("warmhost: a rank request came without its relay", file=sys.stderr)
             return
         fd = self.relays.popleft()
         sys.stdout.flush()
         sys.stderr.flush()
         try:
             pid = os.fork()
-        except OSError:
+        except OSError as exc:
+            print(f"warmhost: rank not forked: {exc}", file=sys.stderr, flush=True)
             os.close(fd)  # the relay sees its end: the rank is lost, and mpiexec says so
-            self.send({"key": key, "code": 126})
             return
         if pid == 0:  # the child
             for other in (self.sock.fileno(), self.wake_r, self.wake_w, *self.relays):
@@ -313,8 +313,7 @@ class _Host:
                     os.close(other)
             _rank(req, _Baseline(), socket.socket(fileno=fd))
         os.close(fd)  # the rank's now: its relay ends with it
-        self.ranks[pid] = key
-        self.send({"key": key, "pid": pid})
+        self.ranks.add(pid)
 
     def run(self, req: dict[str, Any]) -> None:
         """Hand the app to an idle worker (forking one if none is), as :func:`_worker` runs it."""
@@ -360,7 +359,7 @@ class _Host:
             if pid == 0:
                 return
             if pid in self.ranks:
-                self.send({"key": self.ranks.pop(pid), "code": os.waitstatus_to_exitcode(status)})
+                self.ranks.discard(pid)
                 continue
             worker = self.workers.pop(pid, None)
             if worker is None:
@@ -379,7 +378,7 @@ class _Host:
                 with contextlib.suppress(ChildProcessError):
                     if os.waitpid(pid, os.WNOHANG)[0] == 0:
                         continue
-                del self.ranks[pid]
+                self.ranks.discard(pid)
             time.sleep(0.01)
 
     def serve(self) -> int:
@@ -421,8 +420,7 @@ class _Host:
             # Forked ranks live on: each is its relay's mpiexec job, which the agent signals
             # and reaps (and KILLs when it leaves); a host that dies costs no training.
             for pid in self.workers:  # the agent is gone: so is their work
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                killpg(pid, signal.SIGKILL)
 
 
 class WarmProc:
@@ -479,11 +477,12 @@ class WarmHost:
         self.apps[key] = proc = WarmProc()
         return proc
 
-    def fork_rank(self, key: str, request: dict[str, Any], relay: int) -> None:
-        """Have a rank host fork rank ``key`` for the relay connected on fd ``relay`` (sent
-        along, :mod:`parsl_bf.training.relay`); raises OSError if the host is gone. The rank's
-        signals and exit go through its relay's ``mpiexec``, so it is not tracked here."""
-        self._send({"key": key, **request}, relay)
+    def fork_rank(self, request: dict[str, Any], relay: int) -> None:
+        """Have a rank host fork the rank of ``request`` for the relay connected on fd
+        ``relay`` (sent along, :mod:`parsl_bf.training.relay`); raises OSError if the host is
+        gone. The rank's signals and exit go through its relay's ``mpiexec``, so it is not
+        tracked here."""
+        self._send(request, relay)
         self.forked = True
 
     def _send(self, msg: dict[str, Any], fd: int | None = None) -> None:
