@@ -72,6 +72,15 @@ def mode(request, monkeypatch) -> str:
     return request.param
 
 
+def _pilot_up(serve, agent, tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    """A fresh server and an agent (pilot.1, ``args`` on its command line) registered with it:
+    ``(server, events, the agent's process, its stderr file)``."""
+    server, events = serve()
+    proc = agent(server.url, "pilot.1", *args, env=env)
+    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    return server, events, proc, tmp_path / "pilot.1.stderr"
+
+
 def _ranks_launch(key: str, tmp: Path, ranks: int, work: int, first: int = 0) -> dict:
     d = tmp / key
     d.mkdir()
@@ -92,10 +101,7 @@ def test_rank_argv_makes_each_rank_its_own_group() -> None:
 def test_fragment_ranks_start_on_standbys_and_train_every_sample(
     serve, agent, tmp_path: Path, mode: str
 ) -> None:
-    server, events = serve()
-    proc = agent(server.url)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, proc, stderr = _pilot_up(serve, agent, tmp_path)
     # Three standbys: a fragment of three ranks joins three MPI worlds (three groups).
     server.send("pilot.1", {"op": "warm_ranks", "size": 3, "mpiexec": MPIEXEC})
     until(lambda: len(_ready_pids(stderr)) == 3, 120, "the standbys never became ready")
@@ -123,10 +129,7 @@ def test_fragment_ranks_start_on_standbys_and_train_every_sample(
 
 
 def test_a_killed_rank_ends_its_whole_launch(serve, agent, tmp_path: Path, mode: str) -> None:
-    server, events = serve()
-    proc = agent(server.url)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, proc, stderr = _pilot_up(serve, agent, tmp_path)
     server.send("pilot.1", {"op": "warm_ranks", "size": 2, "mpiexec": MPIEXEC})
     until(lambda: len(_ready_pids(stderr)) == 2, 120, "the standbys never became ready")
     first, second = _ready_pids(stderr)
@@ -143,10 +146,7 @@ def test_a_killed_rank_ends_its_whole_launch(serve, agent, tmp_path: Path, mode:
 
 
 def test_ranks_start_cold_when_no_standby_can_start(serve, agent, tmp_path: Path) -> None:
-    server, events = serve()
-    agent(server.url)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, _, stderr = _pilot_up(serve, agent, tmp_path)
     # A launcher that fails at once: the pool gives up after one failed start per slot.
     server.send("pilot.1", {"op": "warm_ranks", "size": 2, "mpiexec": "/bin/false"})
     until(lambda: "standby ranks cannot start here" in stderr.read_text(), 60, "no give-up")
@@ -160,10 +160,7 @@ def test_ranks_start_cold_when_no_standby_can_start(serve, agent, tmp_path: Path
 def test_a_rank_launched_while_its_standby_starts_waits_for_it(
     serve, agent, tmp_path: Path, mode: str
 ) -> None:
-    server, events = serve()
-    agent(server.url)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, _, stderr = _pilot_up(serve, agent, tmp_path)
     # As on a pilot that just came up: the launch follows the warm_ranks at once.
     server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
     server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 2000))
@@ -178,11 +175,8 @@ def test_a_rank_launched_while_its_standby_starts_waits_for_it(
 def test_a_pilot_submitted_for_training_starts_its_standbys_before_it_registers(
     serve, agent, tmp_path: Path, mode: str
 ) -> None:
-    server, events = serve()
     # --warm-ranks: the executor had training to do when it submitted this pilot.
-    agent(server.url, "pilot.1", "--warm-ranks", MPIEXEC)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, _, stderr = _pilot_up(serve, agent, tmp_path, "--warm-ranks", MPIEXEC)
     text = stderr.read_text()
     assert text.index("standby ranks: 2 starting") < text.index("registering with")
     # No warm_ranks was sent: the pool is the agent's own, one standby per node.
@@ -200,11 +194,10 @@ def test_a_pilot_submitted_for_training_starts_its_standbys_before_it_registers(
 def test_a_taken_standby_is_replaced_once_its_rank_exits_not_while_it_trains(
     serve, agent, tmp_path: Path
 ) -> None:
-    server, events = serve()
     # CPU nodes without forking: a standby's warm-up would slow the rank beside it.
-    proc = agent(server.url, env={environment.FORK_RANKS: "0"})
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, proc, stderr = _pilot_up(
+        serve, agent, tmp_path, env={environment.FORK_RANKS: "0"}
+    )
     server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
     until(lambda: len(_ready_pids(stderr)) == 1, 120, "the standby never became ready")
     server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 50_000_000))
@@ -251,10 +244,7 @@ def _forked(stderr: Path) -> bool:
 def test_a_forked_rank_checkpoints_on_term_while_its_slot_is_refilled(
     serve, agent, tmp_path: Path
 ) -> None:
-    server, events = serve()
-    proc = agent(server.url)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, proc, stderr = _pilot_up(serve, agent, tmp_path)
     server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
     until(lambda: len(_ready_pids(stderr)) == 1, 120, "the relay never became ready")
     assert _forked(stderr)
@@ -280,10 +270,7 @@ def test_a_forked_rank_checkpoints_on_term_while_its_slot_is_refilled(
 
 
 def test_a_dead_rank_host_is_replaced_and_its_ranks_train_on(serve, agent, tmp_path: Path) -> None:
-    server, events = serve()
-    proc = agent(server.url)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, proc, stderr = _pilot_up(serve, agent, tmp_path)
     server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": MPIEXEC})
     server.send("pilot.1", _ranks_launch("frag", tmp_path, 1, 50_000_000))
     progress = tmp_path / "frag" / "progress.jsonl"
@@ -307,10 +294,7 @@ def test_a_launcher_that_gives_no_pmi_port_gets_standbys(serve, agent, tmp_path:
     launcher = tmp_path / "mpiexec"
     launcher.write_text(f'#!/bin/sh\n[ "$1" = -pmi-port ] && shift\nexec {MPIEXEC} "$@"\n')
     launcher.chmod(0o755)
-    server, events = serve()
-    agent(server.url)
-    stderr = tmp_path / "pilot.1.stderr"
-    events.wait(PilotUp("pilot.1", ("n0", "n1"), END, socket.gethostname()))
+    server, events, _, stderr = _pilot_up(serve, agent, tmp_path)
     server.send("pilot.1", {"op": "warm_ranks", "size": 1, "mpiexec": str(launcher)})
     until(lambda: "ranks cannot be forked here" in stderr.read_text(), 60, "no fallback")
     until(lambda: len(_ready_pids(stderr)) == 1, 120, "no standby became ready")
