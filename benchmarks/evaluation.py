@@ -83,9 +83,10 @@ def _holes(plan) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     out = [
-        "| policy | objective | T_fwd s | util | E_used | E_avail | bound | ÷ bound | samples "
+        "| policy | objective | T_fwd s | util | E_used | E_avail | bound | ÷ bound "
+        "| charges: rescale / preemption | samples "
         "| jobs done | makespan h | solves | solve p50 / p95 / max s | at time limit | hole ends |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = r["solve_s"]
@@ -96,6 +97,8 @@ def table(rows: list[dict]) -> list[str]:
             f"| {_fmt(r['tfwd_s'], 0) if not heuristic else '-'} "
             f"| {_fmt(r['util'])} | {_fmt(r['E_used'])} | {_fmt(r['E_avail'])} "
             f"| {_fmt(r.get('E_avail_bound'))} | {_fmt(r.get('E_avail_over_bound'))} "
+            f"| {_fmt(r.get('E_avail_rescale_charges'))} / "
+            f"{_fmt(r.get('E_avail_preemption_charges'))} "
             f"| {r['samples']:.3e} | {r['jobs_done']} / {r['jobs_admitted']} "
             f"| {_fmt(r['makespan_s'] / 3600 if r['makespan_s'] else None, 1)} | {r['solves']} "
             f"| {s['p50']:.3f} / {s['p95']:.3f} / {s['max']:.3f} "
@@ -259,7 +262,10 @@ def main() -> int:
         "(`E_avail_bound`: the whole future of idle nodes known, rescales free, the admission "
         "limit and, relaxed, the queue's order kept; an LP over the window, docs/replay.md); "
         "`÷ bound` is E_avail over it, i.e. how much of what any policy could reach this one "
-        "reaches.",
+        "reaches. The bound charges no rescale; `charges` are the E_avail that this replay's "
+        "rescale and preemption charges cost it (`E_avail_rescale_charges`, "
+        "`E_avail_preemption_charges`): the part of the gap that the charges make, the rest "
+        "being the allocation itself.",
         "",
     ]
     summary = {}

@@ -52,9 +52,13 @@ DAY = 86400
 # ``weighted`` is left out: with every job's weight 1 (as in all job sets) it is ``throughput``.
 OBJECTIVES = ("throughput", "balanced", "speedup", "speedup_balanced", "remaining_work", "fair")
 TFWD_RULES: tuple[str | int, ...] = ("auto", 120, 1200)
-# Not a setting that exists: ``balanced`` on each job's speedup curve P(n) / P(1) (the job's
-# objective curve replaced by it). Shown for what it would give, never chosen.
-EXPLORATORY = ("balanced-speedup",)
+# Not settings that exist, shown for what they would give and never chosen: ``balanced`` on
+# each job's speedup curve P(n) / P(1) (the job's objective curve replaced by it), and
+# ``speedup_balanced`` with each task's gain capped at its remaining work (what the executor
+# did before it decided as the replay does: ``ReplayConfig.cap_at_remaining_work``).
+EXPLORATORY = ("balanced-speedup", "speedup_balanced-capped")
+#: The objective each exploratory candidate replays with.
+REPLAYED_AS = {"balanced-speedup": "balanced", "speedup_balanced-capped": "speedup_balanced"}
 # The targets of issue 17 (hps: absolute; ImageNet: over equal-share; all: over the bound).
 TARGET_HPS = 0.93
 TARGET_OVER_EQUAL_SHARE = 0.05
@@ -137,7 +141,8 @@ def run(fold: Fold, policy: str, objective: str, tfwd: str | int, bound: bool) -
     tfwd_s = trace.suggest_tfwd(fold.start_s, end) if tfwd == "auto" else float(tfwd)
     config = ReplayConfig(
         tfwd=tfwd_s,
-        objective=Objective("balanced" if objective == "balanced-speedup" else objective),
+        objective=Objective(REPLAYED_AS.get(objective, objective)),
+        cap_at_remaining_work=objective == "speedup_balanced-capped",
         start_s=fold.start_s,
         end_s=end,
         **({} if bound else {"bound_buckets": 0}),
@@ -266,9 +271,19 @@ def main() -> int:
         help="replay these candidates only, comma-separated (e.g. speedup/120,"
         "speedup_balanced/auto): a partial run, whose choice is among them",
     )
+    ap.add_argument(
+        "--tfwd-rules",
+        default=",".join(map(str, TFWD_RULES)),
+        help="the T_fwd rules of the grid, comma-separated: auto or seconds "
+        f"(default {','.join(map(str, TFWD_RULES))})",
+    )
     args = ap.parse_args()
     folds = make_folds(args.quick)
-    grid = [(o, t) for o in OBJECTIVES + EXPLORATORY for t in TFWD_RULES]
+    try:
+        rules = [x if x == "auto" else int(x) for x in args.tfwd_rules.split(",")]
+    except ValueError:
+        ap.error(f"--tfwd-rules: {args.tfwd_rules!r}: each rule is auto or whole seconds")
+    grid = [(o, t) for o in OBJECTIVES + EXPLORATORY for t in rules]
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {candidate_name(o, t) for o, t in grid}

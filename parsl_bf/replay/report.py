@@ -75,6 +75,12 @@ def _over_bound(summary: dict) -> float | str | None:
     return summary.get("E_avail_over_bound")
 
 
+def _charges(summary: dict) -> str | None:
+    """The E_avail the rescale and preemption charges cost (the bound charges neither)."""
+    up, pre = summary.get("E_avail_rescale_charges"), summary.get("E_avail_preemption_charges")
+    return None if up is None or pre is None else f"{up:.4f} / {pre:.4f}"
+
+
 def summary_table(summary: dict) -> str:
     """The headline figures as an aligned two-column table."""
     rows = [
@@ -83,6 +89,7 @@ def summary_table(summary: dict) -> str:
         ("E_avail", summary["E_avail"]),
         ("E_avail bound", summary.get("E_avail_bound")),
         ("E_avail ÷ bound", _over_bound(summary)),
+        ("E_avail lost: rescales / preemptions", _charges(summary)),
         ("samples", summary["samples"]),
         ("jobs done / admitted", f"{summary['jobs_done']} / {summary['jobs_admitted']}"),
         ("makespan h", None if summary["makespan_s"] is None else summary["makespan_s"] / 3600),

@@ -13,6 +13,10 @@ never moved between tasks that keep running.
 Every replay also reports ``E_avail_bound``, the clairvoyant upper bound of
 :mod:`parsl_bf.replay.bound` on the same instance (the window, the jobs), and
 ``E_avail_over_bound``; an E_avail above its bound is flagged as a bug (``bound_violation``).
+The bound gives rescales and preemptions away; ``E_avail_rescale_charges`` and
+``E_avail_preemption_charges`` are what their charges cost this replay, in E_avail's units
+(samples / P_j(1) per idle node-second), so the gap to the bound splits into those charges
+and the rest (the allocation itself, a job's samples past its end until the next event).
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ class ReplayConfig:
     # ends: nodes leaving within ``min_node_life_s`` are not offered, and growers take the
     # longest-lived nodes first.
     holes: HoleForecast | None = None
+    # Count no gain beyond a task's remaining work (AllocationProblem.cap_at_remaining_work).
+    # Off, as in the executor: capped, a task near its end keeps few nodes and holds its
+    # admission slot longer (docs/policy-selection.md).
+    cap_at_remaining_work: bool = False
     # None: the largest R_up + R_down of the running tasks (a node that leaves sooner cannot
     # repay the grow onto it and the shrink off it).
     min_node_life_s: float | None = None
@@ -77,6 +85,11 @@ class _Task:
         if n < self.job.min_nodes:
             return 0.0
         return float(np.interp(n, self.job.nodes, self.job.throughput))
+
+    @property
+    def p1(self) -> float:
+        """P(1), the curve at one node (min_nodes aside): E_avail's unit of samples."""
+        return float(np.interp(1, self.job.nodes, self.job.throughput))
 
 
 @dataclass(frozen=True)
@@ -125,7 +138,7 @@ def replay(
     end = trace.end_s if config.end_s is None else min(config.end_s, trace.end_s)
     if end <= config.start_s:
         raise ValueError(f"empty window: start {config.start_s} s, end {end} s")
-    uses_work = config.objective.uses_remaining_work
+    uses_work = config.objective.uses_remaining_work or config.cap_at_remaining_work
     owner = np.where(trace.initial, FREE, BUSY).astype(np.int64)
     queue = sorted(jobs, key=lambda j: j.submit_s)
     submits = [j.submit_s for j in queue]
@@ -141,6 +154,8 @@ def replay(
     last_problem: AllocationProblem | None = None
     last_counts: dict[str, int] = {}
     idle_node_s = alloc_node_s = done = rescale_loss = preemption_loss = 0.0
+    # The same charges in node-equivalents (samples / P_j(1)), E_avail's numerator.
+    rescale_norm = preemption_norm = 0.0
     rescales = preemptions = events = 0
     t_prev = config.start_s
     t_end = end
@@ -202,6 +217,7 @@ def replay(
             task = by_slot[slot]
             task.samples -= task.job.rescale_down_s * task.rate
             preemption_loss += task.job.rescale_down_s * task.rate
+            preemption_norm += task.job.rescale_down_s * task.rate / task.p1
             task.nodes = [x for x in task.nodes if x not in lost]
             task.rate = task.throughput(len(task.nodes))
             task_nodes[task.job.id].append((t, len(task.nodes)))
@@ -248,6 +264,7 @@ def replay(
                 free_nodes=int(min(len(free_nodes), max(0, room))),
                 tfwd=config.tfwd,
                 objective=config.objective,
+                cap_at_remaining_work=config.cap_at_remaining_work,
                 # A job submitted but not admitted: every slot is taken.
                 tasks_waiting=bisect.bisect_right(submits, t) > queued,
             )
@@ -280,6 +297,7 @@ def replay(
                         cost = cost if task.job.start_s is None else task.job.start_s
                     task.charge += cost * rate
                     rescale_loss += cost * rate
+                    rescale_norm += cost * rate / task.p1
                     owner[list(step.add)] = task.slot
                     task.nodes = list(step.nodes)
                     task.rate = task.throughput(n)
@@ -316,7 +334,7 @@ def replay(
             task_samples[task.job.id].append((end, task.samples))
 
     everyone = finished + active
-    norm = sum(x.samples / float(np.interp(1, x.job.nodes, x.job.throughput)) for x in everyone)
+    norm = sum(x.samples / x.p1 for x in everyone)
     samples = sum(x.samples for x in everyone)
     summary = {
         "util": alloc_node_s / idle_node_s if idle_node_s else None,
@@ -342,6 +360,8 @@ def replay(
         "preemptions": preemptions,
         "rescale_loss_samples": rescale_loss,
         "preemption_loss_samples": preemption_loss,
+        "E_avail_rescale_charges": rescale_norm / idle_node_s if idle_node_s else None,
+        "E_avail_preemption_charges": preemption_norm / idle_node_s if idle_node_s else None,
     }
     if summary["util"] is None:
         summary["note"] = "no idle node-seconds in the window: efficiency is undefined"

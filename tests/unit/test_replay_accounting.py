@@ -43,6 +43,11 @@ def test_progress_rescale_and_preemption_charges() -> None:
     assert s["idle_node_s"] == pytest.approx(2 * 100 + 1 * 200)
     assert s["alloc_node_s"] == pytest.approx(2 * 100 + 1 * 200)
     assert s["E_used"] == pytest.approx(39_000 / 100 / 400)
+    # The charges in E_avail's units (samples / P(1) per idle node-second): the preemption
+    # cost 1,000 / 100 = 10 node-equivalents of 400; with it, this linear job's E_avail is 1.
+    assert s["E_avail_preemption_charges"] == pytest.approx(10 / 400)
+    assert s["E_avail_rescale_charges"] == 0
+    assert s["E_avail"] + s["E_avail_preemption_charges"] == pytest.approx(1.0)
     # The per-task timeline (plotted) shows the preemption, not only the allocator's changes.
     assert [c for _, c in result.task_nodes["a"]] == [0, 2, 1]
 
@@ -81,6 +86,8 @@ def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work() -> N
     assert s["samples"] == pytest.approx(35_000)
     assert s["rescale_loss_samples"] == pytest.approx(1_000)
     assert s["alloc_node_s"] == pytest.approx(50 * 1 + 350 * 2)
+    assert s["E_avail_rescale_charges"] == pytest.approx(1_000 / 100 / (50 * 1 + 350 * 2))
+    assert s["E_avail_preemption_charges"] == 0
     assert [c for _, c in result.task_nodes["a"]] == [0, 1, 2, 0]
 
 
@@ -132,3 +139,24 @@ def test_greedy_is_optimal_on_concave_curves_and_not_beyond() -> None:
     problem = AllocationProblem(tasks=[steep], free_nodes=4, tfwd=10)
     assert greedy(problem).counts == {"s": 1}
     assert solve_exact(problem).counts == {"s": 4}
+
+
+def test_the_remaining_work_cap_reaches_the_policy_only_when_asked() -> None:
+    # The executor decides without the cap (docs/policy-selection.md), and so does the replay
+    # by default; with ReplayConfig.cap_at_remaining_work every problem carries the cap and
+    # each task's remaining work.
+    trace = idle_trace([True, True], [(100, 1, False)], 300)
+    seen = []
+
+    def recording(problem: AllocationProblem):
+        seen.append(problem)
+        return equal_share(problem)
+
+    replay(trace, [_job(work=30_000)], recording, ReplayConfig(tfwd=1000, bound_buckets=0))
+    assert seen and not any(p.caps_remaining_work for p in seen)
+    seen.clear()
+    capped = ReplayConfig(tfwd=1000, bound_buckets=0, cap_at_remaining_work=True)
+    replay(trace, [_job(work=30_000)], recording, capped)
+    assert seen and all(p.caps_remaining_work for p in seen)
+    # 20,000 samples by t=100, less the preemption's 1,000: 11,000 of 30,000 left then.
+    assert [p.tasks[0].remaining_work for p in seen] == [30_000, 11_000]
