@@ -962,7 +962,7 @@ class Controller:
             objective=self.allocator.objective,
             # No cap at the remaining work, as in the replay: capped, a task near its end gains
             # nothing from more nodes, keeps few and holds its admission slot longer, which
-            # cost 0.001-0.039 of E_avail on every ImageNet fold of docs/policy-selection.md.
+            # cost up to 0.039 of E_avail on the ImageNet folds of docs/policy-selection.md.
             tasks_waiting=len(admitted) < len(queued),
         )
         allocation = self.allocator(problem)
