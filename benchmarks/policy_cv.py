@@ -54,8 +54,8 @@ OBJECTIVES = ("throughput", "balanced", "speedup", "speedup_balanced", "remainin
 TFWD_RULES: tuple[str | int, ...] = ("auto", 120, 1200)
 # Not settings that exist, shown for what they would give and never chosen: ``balanced`` on
 # each job's speedup curve P(n) / P(1) (the job's objective curve replaced by it), and
-# ``speedup_balanced`` with each task's gain capped at its remaining work (what the executor
-# did before it decided as the replay does: ``ReplayConfig.cap_at_remaining_work``).
+# ``speedup_balanced`` with each task's gain capped at its remaining work, as the executor
+# decides (``ReplayConfig.cap_at_remaining_work``).
 EXPLORATORY = ("balanced-speedup", "speedup_balanced-capped")
 #: The objective each exploratory candidate replays with.
 REPLAYED_AS = {"balanced-speedup": "balanced", "speedup_balanced-capped": "speedup_balanced"}

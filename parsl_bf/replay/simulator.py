@@ -61,9 +61,9 @@ class ReplayConfig:
     # ends: nodes leaving within ``min_node_life_s`` are not offered, and growers take the
     # longest-lived nodes first.
     holes: HoleForecast | None = None
-    # Count no gain beyond a task's remaining work (AllocationProblem.cap_at_remaining_work).
-    # Off, as in the executor: capped, a task near its end keeps few nodes and holds its
-    # admission slot longer (docs/policy-selection.md).
+    # Count no gain beyond a task's remaining work (AllocationProblem.cap_at_remaining_work),
+    # as the executor does. Off by default, as the original replayer: on the dev week's jobs
+    # (hours long) the cap lowers E_avail (docs/policy-selection.md).
     cap_at_remaining_work: bool = False
     # None: the largest R_up + R_down of the running tasks (a node that leaves sooner cannot
     # repay the grow onto it and the shrink off it).

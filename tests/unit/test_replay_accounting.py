@@ -142,9 +142,9 @@ def test_greedy_is_optimal_on_concave_curves_and_not_beyond() -> None:
 
 
 def test_the_remaining_work_cap_reaches_the_policy_only_when_asked() -> None:
-    # The executor decides without the cap (docs/policy-selection.md), and so does the replay
-    # by default; with ReplayConfig.cap_at_remaining_work every problem carries the cap and
-    # each task's remaining work.
+    # The replay decides without the cap by default, as the original replayer; with
+    # ReplayConfig.cap_at_remaining_work (as the executor decides) every problem carries the
+    # cap and each task's remaining work.
     trace = idle_trace([True, True], [(100, 1, False)], 300)
     seen = []
 
