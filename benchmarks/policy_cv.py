@@ -34,8 +34,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evaluation import _fmt, table  # noqa: E402
@@ -127,8 +125,7 @@ def _jobs(name: str, start_s: int, speedup_value: bool = False):
     for j in jobs:
         j = dataclasses.replace(j, submit_s=j.submit_s + start_s)
         if speedup_value:
-            p1 = float(np.interp(1, j.nodes, j.throughput))
-            j = dataclasses.replace(j, value=tuple(x / p1 for x in j.throughput))
+            j = dataclasses.replace(j, value=tuple(x / j.p1 for x in j.throughput))
         out.append(j)
     return tuple(out)
 

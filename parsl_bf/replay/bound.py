@@ -178,11 +178,6 @@ def idle_profile(trace: IdleTrace, start_s: int, end_s: int) -> IdleProfile:
     return IdleProfile(t, c, cumulative)
 
 
-def _p1(job: Job) -> float:
-    """P_j(1) as the replay's E_avail normalises (the curve interpolated at one node)."""
-    return float(np.interp(1, job.nodes, job.throughput))
-
-
 def _hull(pts: list[tuple[float, float]], upper: bool = False) -> list[tuple[float, float]]:
     """The lower convex (``upper``: upper concave) hull of points sorted by x."""
     sign = -1.0 if upper else 1.0
@@ -220,7 +215,7 @@ def efficiency_ceiling(jobs: Sequence[Job]) -> float:
     best = 0.0
     for job in jobs:
         _, slopes = concave_hull(job)
-        p1 = _p1(job)
+        p1 = job.p1
         if len(slopes) and p1 > 0:
             best = max(best, float(slopes[0]) / p1)
     return best
@@ -680,7 +675,7 @@ def e_avail_bound(
     admit_s = events[at[at < len(events)]]
     if not jobs:
         return Bound(0.0, total_idle, None)
-    if any(_p1(j) <= 0 for j in jobs):
+    if any(j.p1 <= 0 for j in jobs):
         return Bound(None, total_idle, None, note="a curve is 0 at one node: E_avail undefined")
     hulls = [concave_hull(j) for j in jobs]
     submit = admit_s.astype(float)
@@ -701,7 +696,7 @@ def e_avail_bound(
         members=members,
         submit=submit,
         work=np.array([j.work for j in jobs], dtype=float),
-        inv_p1=np.array([1.0 / _p1(jobs[int(x[0])]) for x in members]),
+        inv_p1=np.array([1.0 / jobs[int(x[0])].p1 for x in members]),
         widths=[hulls[int(x[0])][0] for x in members],
         slopes=[hulls[int(x[0])][1] for x in members],
     )

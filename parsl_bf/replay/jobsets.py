@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import re
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from ..allocation import AllocationInputError, TaskSpec
@@ -57,6 +59,12 @@ class Job:
     #: ``ReplayConfig.charge_starts``; None: ``rescale_up_s``. Job set files do not carry it:
     #: it is what a real run measured (``benchmarks/executor.py``).
     start_s: float | None = None
+
+    @functools.cached_property
+    def p1(self) -> float:
+        """P(1), the curve interpolated at one node (``min_nodes`` aside): the unit in which
+        E_avail, its bound and the replay's charges count this job's samples."""
+        return float(np.interp(1, self.nodes, self.throughput))
 
     def task(self, current_nodes: int = 0, remaining_work: float | None = None) -> TaskSpec:
         """This job as the allocator sees it at one event."""

@@ -86,11 +86,6 @@ class _Task:
             return 0.0
         return float(np.interp(n, self.job.nodes, self.job.throughput))
 
-    @property
-    def p1(self) -> float:
-        """P(1), the curve at one node (min_nodes aside): E_avail's unit of samples."""
-        return float(np.interp(1, self.job.nodes, self.job.throughput))
-
 
 @dataclass(frozen=True)
 class StepRow:
@@ -215,9 +210,10 @@ def replay(
         lost = set(gone.tolist())
         for slot in hit:
             task = by_slot[slot]
-            task.samples -= task.job.rescale_down_s * task.rate
-            preemption_loss += task.job.rescale_down_s * task.rate
-            preemption_norm += task.job.rescale_down_s * task.rate / task.p1
+            charge = task.job.rescale_down_s * task.rate
+            task.samples -= charge
+            preemption_loss += charge
+            preemption_norm += charge / task.job.p1
             task.nodes = [x for x in task.nodes if x not in lost]
             task.rate = task.throughput(len(task.nodes))
             task_nodes[task.job.id].append((t, len(task.nodes)))
@@ -295,9 +291,10 @@ def replay(
                     if c == 0 and config.charge_starts:
                         rate = task.throughput(n)
                         cost = cost if task.job.start_s is None else task.job.start_s
-                    task.charge += cost * rate
-                    rescale_loss += cost * rate
-                    rescale_norm += cost * rate / task.p1
+                    charge = cost * rate
+                    task.charge += charge
+                    rescale_loss += charge
+                    rescale_norm += charge / task.job.p1
                     owner[list(step.add)] = task.slot
                     task.nodes = list(step.nodes)
                     task.rate = task.throughput(n)
@@ -334,7 +331,7 @@ def replay(
             task_samples[task.job.id].append((end, task.samples))
 
     everyone = finished + active
-    norm = sum(x.samples / x.p1 for x in everyone)
+    norm = sum(x.samples / x.job.p1 for x in everyone)
     samples = sum(x.samples for x in everyone)
     summary = {
         "util": alloc_node_s / idle_node_s if idle_node_s else None,
