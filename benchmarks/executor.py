@@ -53,7 +53,8 @@ T_fwd: the median idle piece of the window, for the executor and the replay.
 
 The real system pays what the replay does not: a fragment started on a fresh pilot costs its
 process start-up and the pilot's, where the replay's charge R·P(0) is 0. So the replay runs
-twice: "replay" with the original's accounting (``E_avail_replay``) and "replay+" charged what
+twice: "replay" with the replay's own accounting, where a start is free as in the original
+(``E_avail_replay``), and "replay+" charged what
 the real runs paid, measured from their reports (:mod:`parsl_bf.executor.analysis`): a start
 from 0 nodes costs the median fragment start (launch → first step, ``charge_starts`` with
 ``Job.start_s``) and a rescale the median warm hand-over (stop → successor's first step);
@@ -666,7 +667,7 @@ def main() -> int:
         f"{_f(statistics.median(waited) if waited else None, '.2f')} s over {len(waited)}"
     )
     print(
-        "replay: the original's accounting (a start from 0 nodes is free, rescales charged "
+        "replay: the replay's accounting (a start from 0 nodes is free, rescales charged "
         "the calibration's cost); replay+: the costs the aware and paper runs paid, a start "
         f"from 0 nodes {costs.start:.2f} s × P(n) and a rescale {costs.rescale:.2f} s × P(c) "
         f"({costs.source}); "

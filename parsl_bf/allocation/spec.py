@@ -193,12 +193,15 @@ class AllocationProblem(BaseModel):
     tfwd: float = Field(10.0, gt=0, le=MAX_SECONDS)
     objective: Objective = Objective.THROUGHPUT
     cap_at_remaining_work: bool = Field(
-        False, description="count no gain beyond each task's remaining work (any objective)"
+        False,
+        description="count no gain beyond each task's remaining work while no task waits for "
+        "admission (any objective; see ``caps_remaining_work``)",
     )
     tasks_waiting: bool = Field(
         False,
         description="some task is submitted but not among ``tasks``, for want of an admission "
-        "slot: ``speedup_balanced`` balances only when none waits",
+        "slot: ``speedup_balanced`` balances, and ``cap_at_remaining_work`` caps, only when "
+        "none waits",
     )
 
     @field_validator("tasks")
@@ -259,7 +262,14 @@ class AllocationProblem(BaseModel):
 
     @property
     def caps_remaining_work(self) -> bool:
-        return self.cap_at_remaining_work or self.objective is Objective.REMAINING_WORK
+        """Whether gains stop at each task's remaining work: always under ``remaining_work``;
+        with ``cap_at_remaining_work``, while no task waits. A task that ends within T_fwd then
+        leaves its nodes to the running tasks, which the other gains already count; while one
+        waits, it leaves its nodes and slot to that one, whose gain its own past its end
+        stands for (docs/policy-selection.md, "The remaining-work cap")."""
+        if self.objective is Objective.REMAINING_WORK:
+            return True
+        return self.cap_at_remaining_work and not self.tasks_waiting
 
     @cached_property
     def largest_need_node_s(self) -> float:

@@ -960,9 +960,10 @@ class Controller:
             free_nodes=len(offered),
             tfwd=self.effective_tfwd,
             objective=self.allocator.objective,
-            # Capped at the remaining work: a fragment's rescale costs seconds, as long as a
-            # short task's end, so a task near its end must not be grown. Without the cap the
-            # local emulation's E_used fell from 0.87 to 0.39-0.41 (docs/policy-selection.md).
+            # Capped at the remaining work while no task waits (as the replay decides): a
+            # fragment's rescale costs seconds, as long as a short task's end, so a task near
+            # its end must not be grown. Never capped, the local emulation's E_used fell from
+            # 0.87 to 0.39-0.41 (docs/policy-selection.md, "The remaining-work cap").
             cap_at_remaining_work=True,
             tasks_waiting=len(admitted) < len(queued),
         )

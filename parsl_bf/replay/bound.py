@@ -8,12 +8,13 @@ keeps only capacity and job availability and gives everything else away:
 
 * the whole future of idle nodes is known;
 * rescales, starts and preemptions are free, and nodes are fungible (no node identity);
-* a job may run from s_j, the first event (the window's start or a trace change) at or after
-  its submission, when the replay could admit it at the earliest (a job submitted after the
-  last event is never admitted and counts nothing, in the replay as here); of the
-  first-come-first-served ``max_jobs`` limit only "at most ``max_jobs`` admitted at once" is
-  kept, and only when it is below the number of jobs (dropping more only enlarges the feasible
-  set);
+* a job may run from s_j, when the replay could admit it at the earliest: its submission (or the
+  window's start), as every second may hold an event (a completion, a submission); without task
+  events, the first event (the window's start or a trace change) at or after it (a job
+  submitted after the last event is never admitted and counts nothing, in the replay as here);
+  of the first-come-first-served ``max_jobs`` limit only "at most ``max_jobs`` admitted at
+  once" is kept, and only when it is below the number of jobs (dropping more only enlarges the
+  feasible set);
 * node counts are averaged over buckets: the window is cut at B+1 times a_0 = t0 < ... <
   a_B = t_end (the trace's steps merged bottom-up where the idle count changes least, see
   :func:`_edges`, with the s_j kept as edges when there are few jobs).
@@ -77,9 +78,10 @@ bounds a replay that does not finish early). T* is found by bisection over the b
 N*(a_{k+1}) ≥ W, then one more LP inside the bucket k found: its length λ·L_k and capacity c are
 variables, with c held above the convex minorant of the bucket's cumulative idle node-seconds
 (a relaxation of "the prefix [a_k, a_k + λ·L_k] of the bucket"), minimising D(a_k) + c, so
-D(a_k) + c* ≤ D(T*). Last, a replay notices completions at events only, so t_stop is an event
-(or t_end) with D(t_stop) ≥ D(T*): the denominator is D(e) for the first such event e with
-D(e) ≥ D(a_k) + c*, and the bound W / D(e) (the larger of it and N*(t_end) / D(t_end)).
+D(a_k) + c* ≤ D(T*), and the bound is W / (D(a_k) + c*) (the larger of it and
+N*(t_end) / D(t_end)). Without task events a replay notices completions at trace events
+only, so t_stop is an event (or t_end) with D(t_stop) ≥ D(T*): the denominator is then D(e) for
+the first such event e with D(e) ≥ D(a_k) + c*.
 "Every job finishes" is tested leniently (N* ≥ W·(1 − 1e-6)), which can only move T* earlier.
 
 **Its ceiling.** Every node-second yields at most ρ_j = max_n P_j(n) / (n·P_j(1)) normalised
@@ -227,7 +229,7 @@ class Bound:
 
     value: float | None
     idle_node_s: float  # the denominator: D(t_end), or D at the earliest possible stop
-    finish_s: float | None  # earliest event at which a replay may stop, all done; None: t_end
+    finish_s: float | None  # earliest time a replay may stop, all done; None: t_end
     buckets: int = 0
     variables: int = 0  # of the largest LP solved
     constraints: int = 0
@@ -649,14 +651,16 @@ def e_avail_bound(
     buckets: int = DEFAULT_BUCKETS,
     profile: IdleProfile | None = None,
     max_jobs: int | None = None,
+    task_events: bool = True,
 ) -> Bound:
     """The upper bound on E_avail of any replay of ``jobs`` on ``trace`` in the window.
 
     ``submit_s`` of a job counts from t = 0 of the trace, as in the replay (jobs submitted before
     ``start_s`` are available from it). ``profile``: :func:`idle_profile` of the window, if the
     caller has it. ``max_jobs``: the replay's admission limit (None: none); it tightens the
-    bound when it is below the number of jobs. See the module docstring for the LP and the
-    argument.
+    bound when it is below the number of jobs. ``task_events``: as the replay's
+    (``ReplayConfig.task_events``); False, its events are the trace's changes only, which
+    tightens the bound. See the module docstring for the LP and the argument.
     """
     end = trace.end_s if end_s is None else min(end_s, trace.end_s)
     if profile is None:
@@ -666,13 +670,20 @@ def e_avail_bound(
         return Bound(None, 0.0, None, note="no idle node-seconds in the window")
     # The replay's queue: by submission, ties in the given order (a stable sort, as it sorts).
     jobs = sorted(jobs, key=lambda j: j.submit_s)
-    # A job is admitted at the first event (the window's start or a trace change) at or after
-    # its submission, or never when none is left in the window: it then counts nothing.
-    events = profile.times[:-1]
-    at = np.searchsorted(events, [j.submit_s for j in jobs], side="left")
-    never = int(np.count_nonzero(at == len(events)))
-    jobs = [j for j, i in zip(jobs, at.tolist(), strict=True) if i < len(events)]
-    admit_s = events[at[at < len(events)]]
+    # A job is admitted at the first event at or after its submission, or never when none is
+    # left in the window: it then counts nothing. Without task events the events are the
+    # window's start and the trace's changes; with them, any second may be one.
+    submits = np.array([j.submit_s for j in jobs], dtype=float)
+    if task_events:
+        ok = submits < end
+        admit_s = np.maximum(submits[ok], float(start_s))
+    else:
+        events = profile.times[:-1]
+        at = np.searchsorted(events, submits, side="left")
+        ok = at < len(events)
+        admit_s = events[at[ok]]
+    never = int(np.count_nonzero(~ok))
+    jobs = [j for j, keep in zip(jobs, ok.tolist(), strict=True) if keep]
     if not jobs:
         return Bound(0.0, total_idle, None)
     if any(j.p1 <= 0 for j in jobs):
@@ -680,7 +691,8 @@ def e_avail_bound(
     hulls = [concave_hull(j) for j in jobs]
     submit = admit_s.astype(float)
     slots = max_jobs if max_jobs is not None and max_jobs < len(jobs) else None
-    n = max(1, buckets)
+    # No more buckets than the trace's steps and the admission times can cut (_edges).
+    n = max(1, min(buckets, len(profile.times) - 1 + len(jobs)))
     segments = sum(len(h[1]) for h in hulls)
     per_row = 1 if slots is None else 2  # rows of y ≤ w·τ as well
     members = [np.array([i]) for i in range(len(jobs))]
@@ -744,12 +756,15 @@ def e_avail_bound(
     except _Unsolved as exc:  # keep the bucket's start: T* > edges[lo] is already shown
         log.warning("E_avail bound: the last LP failed, using the bucket's start: %s", exc)
         denominator = float(profile.node_s(edges[lo]))
-    # A replay notices completions at events only: it stops at the first event (a trace change
-    # time, or the window's end) whose idle node-seconds reach the relaxation's.
-    stops = profile.times[1:]
-    first = int(np.searchsorted(profile.cumulative[1:], denominator * (1 - TOLERANCE)))
-    stop = float(stops[min(first, len(stops) - 1)])
-    denominator = float(profile.node_s(stop))
+    if task_events:  # the replay stops at the first second it may: D(t_stop) ≥ D(T*)
+        stop = float(np.interp(denominator, profile.cumulative, profile.times))
+    else:
+        # Completions are noticed at trace events only: the replay stops at the first event (a
+        # trace change, or the window's end) whose idle node-seconds reach the relaxation's.
+        stops = profile.times[1:]
+        first = int(np.searchsorted(profile.cumulative[1:], denominator * (1 - TOLERANCE)))
+        stop = float(stops[min(first, len(stops) - 1)])
+        denominator = float(profile.node_s(stop))
     if denominator <= 0:
         return done(None, total_idle, None, "the relaxation finishes in no time")
     return done(max(bound, total / denominator), denominator, stop)

@@ -109,6 +109,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(the original replayer starts tasks for free)",
     )
     p.add_argument(
+        "--original-accounting",
+        action="store_true",
+        help="find a job's completion at the trace's next event, and never cap a task's gain "
+        "at its remaining work, as the original replayer (default: as the executor, a "
+        "completion is an event of its own; docs/replay.md)",
+    )
+    p.add_argument(
         "--hole-plan",
         metavar="LOW[:HIGH]",
         type=_accuracy,
@@ -245,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
         end_s=end,
         charge_starts=args.charge_starts,
         holes=HoleForecast(*args.hole_plan, args.announced) if args.hole_plan else None,
+        task_events=not args.original_accounting,
+        cap_at_remaining_work=not args.original_accounting,
     )
     update, finish = _progress(end, args.start)
     began = time.perf_counter()
@@ -262,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         "jobs": str(args.jobs),
         "max_jobs": args.max_jobs,
         "charge_starts": args.charge_starts,
+        "accounting": "original" if args.original_accounting else "executor",
         "hole_ends": config.holes.describe() if config.holes else "tfwd",
         "start_s": args.start,
         "end_s": end,

@@ -5,8 +5,10 @@ At every trace time some nodes change state. Between two events a task progresse
 count changed from c to n (with ``charge_starts``, a start from c = 0 is charged R_up·P(n), or
 the job's own start cost ``Job.start_s``·P(n) where it has one);
 a task that loses nodes to preemption is charged R_down·P(c) once per event. Tasks are admitted
-first come first served, at most ``max_jobs`` at a time, and end once their samples reach their
-work (checked at events, as in the original). The allocation itself is the policy's (the same
+first come first served, at most ``max_jobs`` at a time, and end the second their samples reach
+their work. As in the executor, that second is an event of its own, and so is a job's submission
+while a slot is free (``task_events``; False: both wait for the trace's next event, as in the
+original). The allocation itself is the policy's (the same
 code the executor runs); nodes are mapped with :func:`~parsl_bf.allocation.plan`, so a node is
 never moved between tasks that keep running.
 
@@ -16,7 +18,8 @@ Every replay also reports ``E_avail_bound``, the clairvoyant upper bound of
 The bound gives rescales and preemptions away; ``E_avail_rescale_charges`` and
 ``E_avail_preemption_charges`` are what their charges cost this replay, in E_avail's units
 (samples / P_j(1) per idle node-second), so the gap to the bound splits into those charges
-and the rest (the allocation itself, a job's samples past its end until the next event).
+and the rest (the allocation itself; without task events, also a job's nodes training past its
+end until the next event).
 """
 
 from __future__ import annotations
@@ -61,13 +64,19 @@ class ReplayConfig:
     # ends: nodes leaving within ``min_node_life_s`` are not offered, and growers take the
     # longest-lived nodes first.
     holes: HoleForecast | None = None
-    # Count no gain beyond a task's remaining work (AllocationProblem.cap_at_remaining_work),
-    # as the executor does. Off by default, as the original replayer: on the dev week's jobs
-    # (hours long) the cap lowers E_avail (docs/policy-selection.md).
-    cap_at_remaining_work: bool = False
+    # Count no gain beyond a task's remaining work while no task waits for admission
+    # (AllocationProblem.cap_at_remaining_work), as the executor does. False: never, as the
+    # original replayer (docs/policy-selection.md, "The remaining-work cap").
+    cap_at_remaining_work: bool = True
     # None: the largest R_up + R_down of the running tasks (a node that leaves sooner cannot
     # repay the grow onto it and the shrink off it).
     min_node_life_s: float | None = None
+    # True: a task's completion (the second its samples reach its work) is an event of its own,
+    # at which its nodes are re-allocated, and so is a job's submission while a slot is free,
+    # as in the executor (a fragment's end, a task's submission). False: both wait for the
+    # trace's next event, as in the original replayer; a finished task's nodes train past its
+    # end until then.
+    task_events: bool = True
 
 
 @dataclass
@@ -173,12 +182,35 @@ def replay(
         opened(pending[0], pending[1][pending[2]])
         pending = next(batches, None)
 
+    none_changed = np.array([], dtype=np.int64), np.array([], dtype=bool)
+
+    def task_event() -> float:
+        """The next second at which a running task reaches its work, or a job is submitted
+        into a free slot (inf: none, or no task events)."""
+        if not config.task_events:
+            return np.inf
+        ends = [
+            t_prev + np.ceil((x.job.work - x.samples + x.charge) / x.rate)
+            for x in active
+            if x.rate > 0
+        ]
+        if queued < len(queue) and len(active) < config.max_jobs:
+            ends.append(np.ceil(queue[queued].submit_s))
+        return max(t_prev + 1, min(ends)) if ends else np.inf
+
     def event_times():
         nonlocal pending
-        yield config.start_s, np.array([], dtype=np.int64), np.array([], dtype=bool)
-        while pending is not None and pending[0] < end:
-            yield pending
-            pending = next(batches, None)
+        yield config.start_s, *none_changed
+        while True:
+            t_next = pending[0] if pending is not None and pending[0] < end else end
+            t_own = task_event()
+            if t_own < t_next:
+                yield int(t_own), *none_changed
+            elif t_next < end:
+                yield pending
+                pending = next(batches, None)
+            else:
+                return
 
     for t, changed, now_idle in event_times():
         events += 1
@@ -372,7 +404,14 @@ def _bound(trace, jobs, config, end, t_end, idle_node_s, e_avail) -> dict:
         return {"E_avail_bound": None, "E_avail_over_bound": None}
     profile = idle_profile(trace, config.start_s, end)
     bound = e_avail_bound(
-        trace, jobs, config.start_s, end, config.bound_buckets, profile, config.max_jobs
+        trace,
+        jobs,
+        config.start_s,
+        end,
+        config.bound_buckets,
+        profile,
+        config.max_jobs,
+        config.task_events,
     )
     out = {"E_avail_bound": bound.value, "E_avail_over_bound": None, "bound": bound.to_dict()}
     # The bound divides by the idle node-seconds the replay counts: check they agree.

@@ -196,3 +196,21 @@ def test_speedup_balanced_needs_each_tasks_work_left() -> None:
             {"tfwd": 10, "free_nodes": 1, "objective": "speedup_balanced", "tasks": [TASK]}
         )
     assert "tasks[0].remaining_work: the speedup_balanced objective needs it" in str(err.value)
+
+
+def test_the_remaining_work_cap_holds_only_while_no_task_waits() -> None:
+    # 100 samples left at 10/s at one node: done in 10 s of a 100 s horizon. Capped, a
+    # second node earns nothing (the same 100 samples, sooner) and growing only pays R_up;
+    # while a task waits for the slot it would free, the gain runs on through the horizon.
+    task = TASK | {"id": "ending", "remaining_work": 100.0, "current_nodes": 1}
+    data = {"tfwd": 100, "free_nodes": 1, "cap_at_remaining_work": True, "tasks": [task]}
+    capped = AllocationProblem.from_dict(data)
+    waiting = AllocationProblem.from_dict(data | {"tasks_waiting": True})
+    assert capped.caps_remaining_work and not waiting.caps_remaining_work
+    (table,) = gain_tables(capped)
+    assert table.gain[table.counts.tolist().index(1)] == pytest.approx(100.0)
+    assert solve_milp(capped).counts == {"ending": 1}
+    assert solve_milp(waiting).counts == {"ending": 2}
+    # The remaining_work objective is its own cap: it holds whether or not a task waits.
+    own = data | {"objective": "remaining_work", "cap_at_remaining_work": False}
+    assert AllocationProblem.from_dict(own | {"tasks_waiting": True}).caps_remaining_work

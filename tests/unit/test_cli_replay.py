@@ -63,6 +63,10 @@ def test_window_and_errors(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     summary = json.loads(ok.stdout.strip().splitlines()[-1])
     assert summary["replayed_s"] == 2 * 3600 and summary["start_s"] == 3600
+    assert summary["accounting"] == "executor"
+    original = _replay(tmp_path, "--policy", "greedy", "--end", "1h", "--original-accounting")
+    assert original.returncode == 0, original.stderr
+    assert json.loads(original.stdout.strip().splitlines()[-1])["accounting"] == "original"
     empty = _replay(tmp_path, "--start", "10d")
     assert empty.returncode == 2 and "empty window" in empty.stderr
     (tmp_path / "bad.csv").write_text("job,model\nx,y\n")

@@ -74,20 +74,27 @@ def test_a_measured_start_cost_replaces_r_up_for_a_start_only() -> None:
     assert free["samples"] == pytest.approx(20_000 - 1_000 + 20_000)
 
 
-def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work() -> None:
-    # One node idle, a second joins at t=50; the job's work ends it at the t=400 event.
+@pytest.mark.parametrize("task_events", [True, False])
+def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work(
+    task_events: bool,
+) -> None:
+    # One node idle, a second joins at t=50; the next trace event is at t=400.
     trace = idle_trace([True, False], [(50, 1, True), (400, 0, False)], 1000)
     job = _job(work=5_000 + 30_000, up=10.0)
-    result = replay(trace, [job], make_policy("milp"), ReplayConfig(tfwd=1000))
+    config = ReplayConfig(tfwd=100, task_events=task_events)
+    result = replay(trace, [job], make_policy("milp"), config)
     s = result.summary
-    # t=50: 50 × 100 = 5,000 done; grows 1 → 2, charge R_up·P(1) = 1,000, rate 200.
-    # By t=400: 5,000 + 350 × 200 − 1,000 = 74,000 ≥ 35,000: done at the t=400 event.
-    assert s["jobs_done"] == 1 and s["makespan_s"] == 400
+    # t=50: 50 × 100 = 5,000 done; grows 1 → 2, charge R_up·P(1) = 1,000, rate 200. The work
+    # is reached at 50 + (35,000 − 5,000 + 1,000) / 200 = 205 s, its own event; without
+    # task events, at the t=400 event (the original replayer's accounting).
+    end = 205 if task_events else 400
+    assert s["jobs_done"] == 1 and s["makespan_s"] == end
     assert s["samples"] == pytest.approx(35_000)
     assert s["rescale_loss_samples"] == pytest.approx(1_000)
-    assert s["alloc_node_s"] == pytest.approx(50 * 1 + 350 * 2)
-    assert s["E_avail_rescale_charges"] == pytest.approx(1_000 / 100 / (50 * 1 + 350 * 2))
+    assert s["alloc_node_s"] == pytest.approx(50 * 1 + (end - 50) * 2)
+    assert s["E_avail_rescale_charges"] == pytest.approx(1_000 / 100 / (50 * 1 + (end - 50) * 2))
     assert s["E_avail_preemption_charges"] == 0
+    assert s["E_avail"] <= s["E_avail_bound"] * (1 + 1e-6)
     assert [c for _, c in result.task_nodes["a"]] == [0, 1, 2, 0]
 
 
@@ -141,10 +148,10 @@ def test_greedy_is_optimal_on_concave_curves_and_not_beyond() -> None:
     assert solve_exact(problem).counts == {"s": 4}
 
 
-def test_the_remaining_work_cap_reaches_the_policy_only_when_asked() -> None:
-    # The replay decides without the cap by default, as the original replayer; with
-    # ReplayConfig.cap_at_remaining_work (as the executor decides) every problem carries the
-    # cap and each task's remaining work.
+def test_the_remaining_work_cap_reaches_the_policy_while_no_job_waits() -> None:
+    # By default the replay decides as the executor: each task's gain is capped at its
+    # remaining work, except while a job waits for an admission slot; with
+    # cap_at_remaining_work=False (the original replayer) never.
     trace = idle_trace([True, True], [(100, 1, False)], 300)
     seen = []
 
@@ -153,10 +160,50 @@ def test_the_remaining_work_cap_reaches_the_policy_only_when_asked() -> None:
         return equal_share(problem)
 
     replay(trace, [_job(work=30_000)], recording, ReplayConfig(tfwd=1000, bound_buckets=0))
-    assert seen and not any(p.caps_remaining_work for p in seen)
-    seen.clear()
-    capped = ReplayConfig(tfwd=1000, bound_buckets=0, cap_at_remaining_work=True)
-    replay(trace, [_job(work=30_000)], recording, capped)
     assert seen and all(p.caps_remaining_work for p in seen)
     # 20,000 samples by t=100, less the preemption's 1,000: 11,000 of 30,000 left then.
     assert [p.tasks[0].remaining_work for p in seen] == [30_000, 11_000]
+    seen.clear()
+    uncapped = ReplayConfig(tfwd=1000, bound_buckets=0, cap_at_remaining_work=False)
+    replay(trace, [_job(work=30_000)], recording, uncapped)
+    assert seen and not any(p.caps_remaining_work for p in seen)
+    # One slot, two jobs: while b waits, a's gain is not capped; once b runs alone, b's is.
+    seen.clear()
+    jobs = [dataclasses.replace(_job(work=10_000), id=x) for x in "ab"]
+    one_slot = ReplayConfig(tfwd=1000, bound_buckets=0, max_jobs=1)
+    replay(trace, jobs, recording, one_slot)
+    waits = [(p.tasks[0].id, p.tasks_waiting, p.caps_remaining_work) for p in seen]
+    assert waits[0] == ("a", True, False) and waits[-1] == ("b", False, True)
+
+
+def test_a_completion_hands_its_nodes_to_the_next_job_at_once() -> None:
+    # One slot, two nodes idle until t=1000 and no trace event before. a (40,000 samples at
+    # 200/s on its 2 nodes) reaches its work at t=200, its own event: b is admitted and given
+    # the nodes then, and done at t=400.
+    trace = idle_trace([True, True], [], 1000)
+    jobs = [dataclasses.replace(_job(work=40_000, max_nodes=2), id=x) for x in "ab"]
+    config = ReplayConfig(tfwd=100, max_jobs=1, bound_buckets=0)
+    result = replay(trace, jobs, make_policy("milp"), config)
+    assert result.task_nodes["a"] == [(0, 0), (0, 2), (200, 0)]
+    assert result.task_nodes["b"] == [(200, 0), (200, 2), (400, 0)]
+    assert result.summary["makespan_s"] == 400 and result.summary["jobs_done"] == 2
+    # The original's accounting looks for completions at trace events only: with none in the
+    # window, a holds the slot to the end and b never starts.
+    original = dataclasses.replace(config, task_events=False)
+    late = replay(trace, jobs, make_policy("milp"), original)
+    assert late.summary["jobs_done"] == 0 and "b" not in late.task_nodes
+
+
+def test_a_job_submitted_into_a_free_slot_starts_at_its_submission() -> None:
+    # b is submitted at t=150 with a slot free and no trace event until the window's end: it is
+    # admitted and given a node then; in the original's accounting it waits for a trace event.
+    trace = idle_trace([True, True], [], 1000)
+    a = dataclasses.replace(_job(max_nodes=1), id="a")
+    b = dataclasses.replace(_job(max_nodes=1, submit=150.0), id="b")
+    config = ReplayConfig(tfwd=100, bound_buckets=0)
+    result = replay(trace, [a, b], make_policy("milp"), config)
+    assert result.task_nodes["b"] == [(150, 0), (150, 1)]
+    late = replay(
+        trace, [a, b], make_policy("milp"), dataclasses.replace(config, task_events=False)
+    )
+    assert "b" not in late.task_nodes
