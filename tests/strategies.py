@@ -65,4 +65,5 @@ def problems(
         objective=objective,
         cap_at_remaining_work=draw(st.booleans()),
         tasks_waiting=draw(st.booleans()),
+        cap_while_waiting=draw(st.booleans()),
     )

@@ -200,8 +200,13 @@ class AllocationProblem(BaseModel):
     tasks_waiting: bool = Field(
         False,
         description="some task is submitted but not among ``tasks``, for want of an admission "
-        "slot: ``speedup_balanced`` balances, and ``cap_at_remaining_work`` caps, only when "
-        "none waits",
+        "slot: ``speedup_balanced`` balances, and ``cap_at_remaining_work`` caps (unless "
+        "``cap_while_waiting``), only when none waits",
+    )
+    cap_while_waiting: bool = Field(
+        False,
+        description="with ``cap_at_remaining_work``, cap while tasks wait too: for tasks as "
+        "short as their successor's start (the executor's fragments)",
     )
 
     @field_validator("tasks")
@@ -266,10 +271,11 @@ class AllocationProblem(BaseModel):
         with ``cap_at_remaining_work``, while no task waits. A task that ends within T_fwd then
         leaves its nodes to the running tasks, which the other gains already count; while one
         waits, it leaves its nodes and slot to that one, whose gain its own past its end
-        stands for (docs/policy-selection.md, "The remaining-work cap")."""
+        stands for, unless that successor's start costs as much as the tasks are long
+        (``cap_while_waiting``; docs/policy-selection.md, "The remaining-work cap")."""
         if self.objective is Objective.REMAINING_WORK:
             return True
-        return self.cap_at_remaining_work and not self.tasks_waiting
+        return self.cap_at_remaining_work and (self.cap_while_waiting or not self.tasks_waiting)
 
     @cached_property
     def largest_need_node_s(self) -> float:

@@ -65,8 +65,9 @@ class ReplayConfig:
     # longest-lived nodes first.
     holes: HoleForecast | None = None
     # Count no gain beyond a task's remaining work while no task waits for admission
-    # (AllocationProblem.cap_at_remaining_work), as the executor does. False: never, as the
-    # original replayer (docs/policy-selection.md, "The remaining-work cap").
+    # (AllocationProblem.cap_at_remaining_work; the executor caps while tasks wait too,
+    # docs/allocator.md). False: never, as the original replayer (docs/policy-selection.md,
+    # "The remaining-work cap").
     cap_at_remaining_work: bool = True
     # None: the largest R_up + R_down of the running tasks (a node that leaves sooner cannot
     # repay the grow onto it and the shrink off it).

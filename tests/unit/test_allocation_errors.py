@@ -211,6 +211,9 @@ def test_the_remaining_work_cap_holds_only_while_no_task_waits() -> None:
     assert table.gain[table.counts.tolist().index(1)] == pytest.approx(100.0)
     assert solve_milp(capped).counts == {"ending": 1}
     assert solve_milp(waiting).counts == {"ending": 2}
+    # The executor caps while tasks wait too (cap_while_waiting): as if none waited.
+    always = AllocationProblem.from_dict(data | {"tasks_waiting": True, "cap_while_waiting": True})
+    assert always.caps_remaining_work and solve_milp(always).counts == {"ending": 1}
     # The remaining_work objective is its own cap: it holds whether or not a task waits.
     own = data | {"objective": "remaining_work", "cap_at_remaining_work": False}
     assert AllocationProblem.from_dict(own | {"tasks_waiting": True}).caps_remaining_work

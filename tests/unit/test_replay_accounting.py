@@ -149,9 +149,8 @@ def test_greedy_is_optimal_on_concave_curves_and_not_beyond() -> None:
 
 
 def test_the_remaining_work_cap_reaches_the_policy_while_no_job_waits() -> None:
-    # By default the replay decides as the executor: each task's gain is capped at its
-    # remaining work, except while a job waits for an admission slot; with
-    # cap_at_remaining_work=False (the original replayer) never.
+    # By default each task's gain is capped at its remaining work, except while a job waits
+    # for an admission slot; with cap_at_remaining_work=False (the original replayer) never.
     trace = idle_trace([True, True], [(100, 1, False)], 300)
     seen = []
 
