@@ -21,7 +21,7 @@ from parsl_bf.allocation import AllocatorSettings, Objective
 from parsl_bf.replay import default_data_dir, load_job_set
 from parsl_bf.replay.holes import HoleForecast
 from parsl_bf.replay.policies import make_policy
-from parsl_bf.replay.simulator import ReplayConfig, replay
+from parsl_bf.replay.simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
 from parsl_bf.replay.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,9 +54,7 @@ def run_one(spec: dict) -> dict:
             objective=Objective(spec.get("objective", "throughput")),
             end_s=end,
             holes=HoleForecast(*spec["holes"]) if spec.get("holes") else None,
-            # The original's accounting: completions found at the trace's next event, no cap.
-            task_events=not spec.get("original"),
-            cap_at_remaining_work=not spec.get("original"),
+            **(ORIGINAL_ACCOUNTING if spec.get("original") else {}),
         ),
     )
     return {**spec, "tfwd_s": float(tfwd), "wall_s": time.perf_counter() - began, **result.summary}

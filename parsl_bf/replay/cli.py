@@ -18,7 +18,7 @@ from .holes import HoleForecast
 from .jobsets import default_data_dir, load_job_set
 from .policies import POLICIES
 from .report import summary_table, write_report
-from .simulator import ReplayConfig, replay
+from .simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
 from .swf import load_swf
 from .trace import load_trace
 
@@ -111,9 +111,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--original-accounting",
         action="store_true",
-        help="find a job's completion at the trace's next event, and never cap a task's gain "
-        "at its remaining work, as the original replayer (default: as the executor, a "
-        "completion is an event of its own; docs/replay.md)",
+        help="find completions and admit jobs at the trace's events only, and never cap a "
+        "task's gain at its remaining work, as the original replayer (default: a completion "
+        "and a submission into a free slot are events of their own, as in the executor; "
+        "docs/replay.md)",
     )
     p.add_argument(
         "--hole-plan",
@@ -252,8 +253,7 @@ def run(args: argparse.Namespace) -> int:
         end_s=end,
         charge_starts=args.charge_starts,
         holes=HoleForecast(*args.hole_plan, args.announced) if args.hole_plan else None,
-        task_events=not args.original_accounting,
-        cap_at_remaining_work=not args.original_accounting,
+        **(ORIGINAL_ACCOUNTING if args.original_accounting else {}),
     )
     update, finish = _progress(end, args.start)
     began = time.perf_counter()

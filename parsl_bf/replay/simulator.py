@@ -38,7 +38,7 @@ from .jobsets import Job
 from .policies import Policy
 from .trace import IdleTrace
 
-__all__ = ["ReplayConfig", "ReplayResult", "StepRow", "replay"]
+__all__ = ["ORIGINAL_ACCOUNTING", "ReplayConfig", "ReplayResult", "StepRow", "replay"]
 
 FREE, BUSY = -1, -2  # owner codes of a node that is idle and unassigned / not idle
 log = logging.getLogger(__name__)
@@ -78,6 +78,11 @@ class ReplayConfig:
     # trace's next event, as in the original replayer; a finished task's nodes train past its
     # end until then.
     task_events: bool = True
+
+
+#: The ReplayConfig fields that replay the original replayer's way: completions and admissions
+#: at the trace's events only, and no gain ever capped at a task's remaining work.
+ORIGINAL_ACCOUNTING = {"task_events": False, "cap_at_remaining_work": False}
 
 
 @dataclass

@@ -25,7 +25,7 @@ from parsl_bf.replay.bound import (
 from parsl_bf.replay.jobsets import Job, load_job_set
 from parsl_bf.replay.policies import equal_share, greedy, make_policy
 from parsl_bf.replay.report import summary_table
-from parsl_bf.replay.simulator import ReplayConfig, replay
+from parsl_bf.replay.simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
 from parsl_bf.replay.trace import IdleTrace, load_trace
 
 from ..traces import idle_trace
@@ -228,9 +228,7 @@ def test_the_original_accounting_has_its_own_tighter_bound(name: str) -> None:
     # Without task events a replay stops, and admits, at trace events only: the bound
     # that knows it is no looser than the one that does not, and still holds.
     trace, jobs, config = _instance(name)
-    original = dataclasses.replace(
-        config, task_events=False, cap_at_remaining_work=False, bound_buckets=240
-    )
+    original = dataclasses.replace(config, **ORIGINAL_ACCOUNTING, bound_buckets=240)
     s = replay(trace, jobs, POLICIES["milp"], original).summary
     args = (trace, jobs, config.start_s, config.end_s, 240)
     at_events = e_avail_bound(*args, max_jobs=config.max_jobs, task_events=False)
