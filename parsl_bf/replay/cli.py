@@ -111,10 +111,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--original-accounting",
         action="store_true",
-        help="find completions and admit jobs at the trace's events only, and never cap a "
-        "task's gain at its remaining work, as the original replayer (default: a completion "
-        "and a submission into a free slot are events of their own, as in the executor; "
-        "docs/replay.md)",
+        help="find completions and admit jobs at the trace's events only, never cap a "
+        "task's gain at its remaining work, and charge a preempted task's rescale apart from "
+        "its preemption, as the original replayer (default: a completion and a submission "
+        "into a free slot are events of their own, and a preempted task restarts once, as in "
+        "the executor; docs/replay.md)",
     )
     p.add_argument(
         "--hole-plan",

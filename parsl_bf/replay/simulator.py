@@ -4,7 +4,8 @@ At every trace time some nodes change state. Between two events a task progresse
 Δt·P(n) samples, minus the rescale charge R_up·P(c) or R_down·P(c) of the event at which its
 count changed from c to n (with ``charge_starts``, a start from c = 0 is charged R_up·P(n), or
 the job's own start cost ``Job.start_s``·P(n) where it has one);
-a task that loses nodes to preemption is charged R_down·P(c) once per event. Tasks are admitted
+a task that loses nodes to preemption is charged R_down·P(c) once per event, and restarts once
+there: a rescale at that event is part of it (``restart_once``). Tasks are admitted
 first come first served, at most ``max_jobs`` at a time, and end the second their samples reach
 their work. As in the executor, that second is an event of its own, and so is a job's submission
 while a slot is free (``task_events``; False: both wait for the trace's next event, as in the
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..allocation import AllocationProblem, Objective, plan
+from ..allocation import AllocationProblem, Objective, TaskSpec, plan
 from .bound import DEFAULT_BUCKETS, e_avail_bound, idle_profile, violation
 from .holes import HoleForecast, planned_ends
 from .jobsets import Job
@@ -78,11 +79,18 @@ class ReplayConfig:
     # trace's next event, as in the original replayer; a finished task's nodes train past its
     # end until then.
     task_events: bool = True
+    # True: a task that loses nodes to preemption restarts once at that event, and a rescale
+    # the policy orders then is part of that restart, as in the executor (a preempted fragment
+    # stops and starts again at the size the allocator gives it). The policy sees no rescale
+    # cost beyond the preemption's, and a grow is charged only what R_up·P(c) exceeds the
+    # preemption's R_down·P(c_before) by. False: charged apart, as in the original replayer.
+    restart_once: bool = True
 
 
 #: The ReplayConfig fields that replay the original replayer's way: completions and admissions
-#: at the trace's events only, and no gain ever capped at a task's remaining work.
-ORIGINAL_ACCOUNTING = {"task_events": False, "cap_at_remaining_work": False}
+#: at the trace's events only, no gain ever capped at a task's remaining work, and a preempted
+#: task's rescale at the same event charged apart from its preemption.
+ORIGINAL_ACCOUNTING = {"task_events": False, "cap_at_remaining_work": False, "restart_once": False}
 
 
 @dataclass
@@ -242,6 +250,7 @@ def replay(
             task_nodes[task.job.id].append((t, 0))
         # 2. Node changes: nodes taken back by the main scheduler preempt their task.
         hit: dict[int, int] = {}
+        restarts: dict[str, float] = {}  # task → samples its preemption charged at this event
         gone = changed[~now_idle]
         for slot in owner[gone][owner[gone] >= 0].tolist():
             hit[slot] = hit.get(slot, 0) + 1
@@ -252,6 +261,8 @@ def replay(
             task.samples -= charge
             preemption_loss += charge
             preemption_norm += charge / task.job.p1
+            if config.restart_once:
+                restarts[task.job.id] = charge
             task.nodes = [x for x in task.nodes if x not in lost]
             task.rate = task.throughput(len(task.nodes))
             task_nodes[task.job.id].append((t, len(task.nodes)))
@@ -289,9 +300,10 @@ def replay(
             # events that only move such nodes give the same problem and need no solve.
             problem = AllocationProblem(
                 tasks=[
-                    x.job.task(
-                        len(x.nodes),
-                        x.job.work - x.samples if uses_work else None,
+                    _restarting(
+                        x.job.task(len(x.nodes), x.job.work - x.samples if uses_work else None),
+                        restarts.get(x.job.id),
+                        x.rate,
                     )
                     for x in active
                 ],
@@ -330,6 +342,8 @@ def replay(
                         rate = task.throughput(n)
                         cost = cost if task.job.start_s is None else task.job.start_s
                     charge = cost * rate
+                    if task.job.id in restarts:  # one restart: only what exceeds the preemption's
+                        charge = max(0.0, charge - restarts[task.job.id])
                     task.charge += charge
                     rescale_loss += charge
                     rescale_norm += charge / task.job.p1
@@ -402,6 +416,17 @@ def replay(
         summary["note"] = "no idle node-seconds in the window: efficiency is undefined"
     summary.update(_bound(trace, jobs, config, end, t_end, idle_node_s, summary["E_avail"]))
     return ReplayResult(summary, steps, task_nodes, task_samples)
+
+
+def _restarting(spec: TaskSpec, charged: float | None, rate: float) -> TaskSpec:
+    """``spec`` as the allocator sees a task that a preemption restarts at this event
+    (``charged``: the samples that preemption cost; None: not hit). A grow or shrink now is part
+    of the same restart, as in the executor: only a grow whose charge R_up·P(c) exceeds
+    ``charged`` costs the difference, a shrink nothing."""
+    if charged is None:
+        return spec
+    up = max(0.0, spec.rescale_up_s - charged / rate) if rate > 0 else 0.0
+    return spec.model_copy(update={"rescale_up_s": up, "rescale_down_s": 0.0})
 
 
 def _bound(trace, jobs, config, end, t_end, idle_node_s, e_avail) -> dict:

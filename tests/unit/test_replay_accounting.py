@@ -52,6 +52,36 @@ def test_progress_rescale_and_preemption_charges() -> None:
     assert [c for _, c in result.task_nodes["a"]] == [0, 2, 1]
 
 
+@pytest.mark.parametrize(("up", "extra"), [(10.0, 0.0), (30.0, 2_000.0)])
+def test_a_preempted_task_restarts_once_at_its_new_size(up: float, extra: float) -> None:
+    # Node 1 is taken back at t=100 as node 2 becomes idle. The task (2 nodes, rate 200) pays
+    # the preemption R_down·P(2) = 1,000 and is grown back to 2 nodes at the same event. As in
+    # the executor that is one restart: the grow costs only what R_up·P(1) exceeds 1,000 by
+    # (R_up 10 s: nothing; 30 s: 2,000), and the allocator sees that, not R_up. The original's
+    # accounting charges the grow apart (R_up·P(1): 1,000 or 3,000).
+    trace = idle_trace([True, True, False], [(100, 1, False), (100, 2, True)], 300)
+    seen = []
+
+    def recording(problem: AllocationProblem):
+        seen.append(problem)
+        return solve_exact(problem)
+
+    config = ReplayConfig(tfwd=1000, bound_buckets=0)
+    result = replay(trace, [_job(up=up)], recording, config)
+    assert [c for _, c in result.task_nodes["a"]] == [0, 2, 1, 2]
+    restarting = seen[-1].tasks[0]
+    assert (restarting.current_nodes, restarting.rescale_down_s) == (1, 0.0)
+    assert restarting.rescale_up_s == pytest.approx(up - 1_000 / 100)
+    s = result.summary
+    assert s["preemption_loss_samples"] == pytest.approx(1_000)
+    assert s["rescale_loss_samples"] == pytest.approx(extra)
+    assert s["samples"] == pytest.approx(100 * 200 - 1_000 - extra + 200 * 200)
+    seen.clear()
+    apart = replay(trace, [_job(up=up)], recording, dataclasses.replace(config, restart_once=False))
+    assert seen[-1].tasks[0].rescale_up_s == up
+    assert apart.summary["rescale_loss_samples"] == pytest.approx(up * 100)
+
+
 def test_charge_starts_charges_a_start_from_zero_at_the_new_rate() -> None:
     # The first test's trace, with starts charged: t=0 starts on 2 nodes, R_up·P(2) = 2,000.
     trace = idle_trace([True, True], [(100, 1, False)], 300)
