@@ -97,12 +97,13 @@ def main() -> int:
             "E_avail": real["E_avail"],
             "E_avail_rescale_charges": real["E_avail_rescale_charges"],
             "E_avail_preemption_charges": real["E_avail_preemption_charges"],
-            "E_avail_free_rescales": None if problems else free["E_avail"],
+            "E_avail_free_rescales": free["E_avail"],
             "E_avail_bound": bound,
-            "over_bound": real["E_avail"] / bound if bound and not problems else None,
-            "free_over_bound": free["E_avail"] / bound if bound and not problems else None,
+            "over_bound": real["E_avail"] / bound if bound else None,
+            "free_over_bound": free["E_avail"] / bound if bound else None,
         }
-        per_fold[f.name] = row
+        # A figure that cannot be is no result: the fold reports what was wrong instead.
+        per_fold[f.name] = {"impossible": problems} if problems else row
         cell = _cell_of(bool(problems))
         print(
             f"| {f.name} | {cell(row['E_avail'])} | {cell(row['E_avail_rescale_charges'])} / "
