@@ -6,7 +6,9 @@ its nodes otherwise. So no node ever moves between two tasks in both directions 
 swaps), and a running fragment never has to move a rank it keeps.
 
 When ``node_value`` is given (e.g. its pilot's remaining walltime), a shrinking task releases its
-least valuable nodes and a growing task takes the most valuable free ones first.
+least valuable nodes and a growing task takes the most valuable free ones first; growers that
+will hold the most nodes choose first, since a node's departure stops its whole task and a
+larger task's restart costs more.
 """
 
 from __future__ import annotations
@@ -138,7 +140,10 @@ def plan(
     if need > len(pool):
         raise PlanError(f"counts need {need} more nodes, only {len(pool)} are free or released")
     taken = 0
-    for tid in counts:  # growers in the caller's order
+    growers = list(counts)  # in the caller's order; with values, the largest first (stable)
+    if node_value is not None:
+        growers.sort(key=lambda tid: -counts[tid])
+    for tid in growers:
         extra = counts[tid] - len(held[tid])
         if extra > 0:
             steps[tid] = TaskPlan(tid, steps[tid].keep, (), tuple(pool[taken : taken + extra]))

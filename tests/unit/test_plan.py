@@ -64,6 +64,20 @@ def test_growers_take_free_nodes_before_released_ones_and_best_first() -> None:
     assert set(result.idle) == {"n1", "n3"}
 
 
+def test_the_grower_that_will_hold_most_takes_the_longest_lived_nodes() -> None:
+    # A node's departure stops its whole task, and a larger task's restart costs more: with node
+    # values, b (growing to 2) chooses before a (to 1) whatever the caller's order; without
+    # them, the caller's order stands.
+    value = {"n1": 10, "n2": 100, "n3": 50}
+    free = ["n2", "n1", "n3"]
+    result = plan({"a": 1, "b": 2}, {"a": [], "b": []}, free, node_value=value)
+    assert result.tasks["b"].add == ("n2", "n3") and result.tasks["a"].add == ("n1",)
+    plain = plan({"a": 1, "b": 2}, {"a": [], "b": []}, free)
+    assert plain.tasks["a"].add == ("n2",) and plain.tasks["b"].add == ("n1", "n3")
+    unordered = plan({"a": 1, "b": 1}, {"a": [], "b": []}, ["n1", "n2"], node_value=value)
+    assert unordered.tasks["a"].add == ("n2",)  # equal counts: the caller's order
+
+
 def test_starts_stops_and_preemption() -> None:
     result = plan({"a": 0, "b": 2, "c": 0}, {"a": ["x", "y"], "c": ["z"]}, [], preempted=["z"])
     assert result.stops == ["a"] and result.starts == ["b"]
