@@ -15,51 +15,23 @@ hps64, imgps256, imgps1024), ``--all`` every fold. Prints a table; ends with one
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from policy_cv import Fold, _jobs, _trace, impossible, make_folds
+from policy_cv import impossible, make_folds, run
 
 from parsl_bf.allocation import AllocatorSettings
-from parsl_bf.replay.bound import efficiency_ceiling
-from parsl_bf.replay.policies import make_policy
-from parsl_bf.replay.simulator import ReplayConfig, replay
-
-
-def run(fold: Fold, free: bool) -> dict:
-    """One replay of ``fold`` with the default policy; ``free``: rescales cost nothing (the
-    bound is solved in the other replay only: it does not depend on the charges)."""
-    jobs = _jobs(fold.jobs, fold.start_s)
-    if free:
-        jobs = tuple(
-            dataclasses.replace(j, rescale_up_s=0.0, rescale_down_s=0.0, start_s=None) for j in jobs
-        )
-    settings, trace = AllocatorSettings(), _trace(fold.nodes)
-    end = fold.start_s + fold.length_s
-    auto = settings.tfwd == "auto"
-    config = ReplayConfig(
-        tfwd=trace.suggest_tfwd(fold.start_s, end) if auto else float(settings.tfwd),
-        objective=settings.objective,
-        start_s=fold.start_s,
-        end_s=end,
-        **({"bound_buckets": 0} if free else {}),
-    )
-    began = time.perf_counter()
-    summary = replay(trace, jobs, make_policy("milp"), config).summary
-    return {
-        **summary,
-        "fold": fold.name,
-        "free": free,
-        "wall_s": time.perf_counter() - began,
-        "ceiling": efficiency_ceiling(jobs),
-    }
 
 
 def _run(args: tuple) -> dict:
-    return run(*args)
+    """A fold replayed with the default policy; ``free``: rescales cost nothing (the bound is
+    solved in the other replay only: it does not depend on the charges)."""
+    fold, free = args
+    settings = AllocatorSettings()
+    objective = settings.objective.value
+    return run(fold, "milp", objective, settings.tfwd, bound=not free, free_rescales=free)
 
 
 def _cell_of(flagged: bool):
@@ -79,7 +51,7 @@ def main() -> int:
     jobs = [(f, free) for f in folds for free in (False, True)]
     with ProcessPoolExecutor(args.workers) as pool:
         records = list(pool.map(_run, jobs))
-    by = {(r["fold"], r["free"]): r for r in records}
+    by = {(f.name, free): r for (f, free), r in zip(jobs, records, strict=True)}
     header = (
         "| fold | E_avail | charges: rescale / preemption | E_avail + charges "
         "| free rescales: E_avail | bound | ÷ bound | free ÷ bound |"

@@ -130,10 +130,22 @@ def _jobs(name: str, start_s: int, speedup_value: bool = False):
     return tuple(out)
 
 
-def run(fold: Fold, policy: str, objective: str, tfwd: str | int, bound: bool) -> dict:
-    """One replay of ``fold``; ``bound``: also solve its E_avail bound (once per fold)."""
+def run(
+    fold: Fold,
+    policy: str,
+    objective: str,
+    tfwd: str | float,
+    bound: bool,
+    free_rescales: bool = False,
+) -> dict:
+    """One replay of ``fold``; ``bound``: also solve its E_avail bound (once per fold);
+    ``free_rescales``: every job's R_up and R_down set to 0 (benchmarks/bound_gap.py)."""
     trace = _trace(fold.nodes)
     jobs = _jobs(fold.jobs, fold.start_s, objective == "balanced-speedup")
+    if free_rescales:
+        jobs = tuple(
+            dataclasses.replace(j, rescale_up_s=0.0, rescale_down_s=0.0, start_s=None) for j in jobs
+        )
     end = fold.start_s + fold.length_s
     tfwd_s = trace.suggest_tfwd(fold.start_s, end) if tfwd == "auto" else float(tfwd)
     config = ReplayConfig(
