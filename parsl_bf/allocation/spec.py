@@ -45,7 +45,8 @@ MAX_TASKS = 10_000
 #: rows of the gain tables every solver builds (a few hundred MB at this limit).
 MAX_COUNTS = 5_000_000
 #: The most cell updates (counts × capacity) the exact program may be asked for by
-#: ``parsl-bf solve --solver exact`` (some ten seconds; the MILP takes larger instances).
+#: ``parsl-bf solve --solver exact``, or to check GLPK's incumbent at its time limit (some ten
+#: seconds; the MILP takes larger instances).
 MAX_EXACT_WORK = 5 * 10**10
 #: The longest look-ahead (``tfwd``) and rescale cost, in seconds (ten years).
 MAX_SECONDS = 10 * 365 * 86400
@@ -84,8 +85,8 @@ _BALANCING = (Objective.BALANCED, Objective.SPEEDUP_BALANCED)
 
 class SolveStatus(StrEnum):
     OPTIMAL = "optimal"  # proven optimal (by GLPK or by the exact program)
-    FEASIBLE = "feasible"  # GLPK's best incumbent at the time limit
-    FALLBACK = "fallback"  # GLPK had nothing at the time limit: exact program's plan
+    FEASIBLE = "feasible"  # GLPK's incumbent at the time limit, as good as the exact program's
+    FALLBACK = "fallback"  # at the time limit GLPK had none, or a worse one: exact program's plan
 
 
 # allow_inf_nan: NaN passes every ge/le bound (it fails no comparison), inf passes ge=0.
