@@ -183,8 +183,8 @@ def solve_milp(problem: AllocationProblem, time_limit: float | None = 10.0) -> A
     if status is SolveStatus.OPTIMAL:
         counts, total = _counts(built)
     else:
-        # Stopped at the time limit: the exact program costs little next to that limit, up to
-        # the size at which it takes seconds itself (then GLPK's incumbent is kept).
+        # Not proven (the time limit, or glpsol failed): the exact program costs little next to
+        # that limit, up to the size at which it takes seconds itself (then an incumbent stands).
         incumbent = _counts(built) if status is not None else None
         check = incumbent is None or problem.exact_work <= MAX_EXACT_WORK
         counts, total, status = at_time_limit(incumbent, solve_exact(problem) if check else None)

@@ -85,7 +85,8 @@ _BALANCING = (Objective.BALANCED, Objective.SPEEDUP_BALANCED)
 
 class SolveStatus(StrEnum):
     OPTIMAL = "optimal"  # proven optimal (by GLPK or by the exact program)
-    FEASIBLE = "feasible"  # GLPK's incumbent at the time limit, as good as the exact program's
+    # GLPK's incumbent at the time limit, no worse than the exact program's (when that ran).
+    FEASIBLE = "feasible"
     FALLBACK = "fallback"  # at the time limit GLPK had none, or a worse one: exact program's plan
 
 
