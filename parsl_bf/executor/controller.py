@@ -201,6 +201,14 @@ class ElasticTask:
             rates.append(max(rate, rates[-1] if rates else 0.0))  # never less with more nodes
         return tuple(range(self.max_nodes + 1)), (0.0, *rates)
 
+    def left(self) -> float:
+        """Samples still to train, as the allocator weighs them: at least one until the task
+        has its result. Step reports may reach the work before a fragment has written the
+        result (its pilot gone, a rank crashed): a successor must still run to return it (from
+        the final checkpoint it ends at once). At 0 it would get no nodes, and its future would
+        never resolve."""
+        return max(0.0 if self.resolved else 1.0, float(self.work - self.samples))
+
     def held(self) -> set[Node]:
         """The nodes its fragments occupy: the current one's, a handing-over one's and those
         an in-place shrink is giving back."""
@@ -768,7 +776,7 @@ class Controller:
             task.previous = None  # handed over (or stopped): its nodes are free
             if task.state == "stopping" and not task.nodes:
                 task.state = "queued"
-            if task.state == "queued" and (task.resolved or task.samples >= task.work):
+            if task.state == "queued" and task.resolved:
                 # It finished the work after its successor had already ended: nothing is left.
                 task.state = "done"
             return
@@ -776,8 +784,9 @@ class Controller:
             return
         task.nodes, task.releasing = (), ()
         task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
-        if task.state == "queued" and (task.resolved or task.samples >= task.work):
+        if task.state == "queued" and task.resolved:
             # A predecessor finished the work during a hand-over: nothing is left to train.
+            # Reports that reached the work are not enough (see ElasticTask.left).
             task.state = "done"
         if task.previous is not None:
             # The successor ended before the hand-over: the previous fragment must stop
@@ -952,7 +961,7 @@ class Controller:
                     throughput=rates,
                     rescale_up_s=up,
                     rescale_down_s=down,
-                    remaining_work=max(0.0, float(task.work - task.samples)),
+                    remaining_work=task.left(),
                 )
             )
         problem = AllocationProblem(

@@ -27,6 +27,28 @@ def _events(executor: BackfillExecutor) -> list[dict]:
     return read_reports(Path(executor.directory) / "events.jsonl")
 
 
+def _results(futures: list, executor: BackfillExecutor, timeout: float = 600) -> list:
+    """The futures' results, each waited for up to ``timeout`` s (a bound on a hang, not a
+    speed). A hang fails with where each task stands, first in the message, so that the one
+    line a CI summary keeps says why."""
+    out = []
+    for future in futures:
+        try:
+            out.append(future.result(timeout=timeout))
+        except TimeoutError:
+            c = executor.controller
+            tasks = [
+                f"{t.id} {t.state} {t.samples}/{t.work}{'' if t.resolved else ' unresolved'}"
+                for t in c.elastic.values()
+            ] + [f"{t.id} {t.state}" for t in c.plain.values()]
+            last = [e["event"] for e in _events(executor)[-8:]]
+            raise AssertionError(
+                f"not settled in {timeout:g} s: {'; '.join(tasks)}; pilots {sorted(c.pilots)}; "
+                f"last events {last}"
+            ) from None
+    return out
+
+
 def _lost_per_restart(reports: list[dict]) -> list[int]:
     """Samples done before a fragment ended but not in the checkpoint its successor loaded."""
     lost, best = [], 0
@@ -98,9 +120,9 @@ def test_elastic_and_plain_tasks_all_finish_through_preemptions(tmp_path: Path, 
         plain = [cube(i) for i in range(20)]
         until(lambda: len(preempted()) >= 3, 600, "fewer than 3 pilots preempted")
         opened.touch()
-        assert held.result(timeout=900) == "open"
-        assert [f.result(timeout=900) for f in plain] == [i**3 for i in range(20)]
-        outcomes = [f.result(timeout=900) for f in trials]
+        assert _results([held], executor, 900) == ["open"]
+        assert _results(plain, executor, 900) == [i**3 for i in range(20)]
+        outcomes = _results(trials, executor, 900)
     assert all(o["status"] == "done" and o["samples"] == 4000 for o in outcomes)
     assert all(o["metrics"]["accuracy"] > 0.5 for o in outcomes)
     assert len(preempted()) >= 3 and executor.preemptions >= 3
@@ -266,7 +288,7 @@ def test_a_warm_rescale_hands_over_without_losing_a_sample(tmp_path: Path, monke
         # start it on both at once).
         until(lambda: executor.controller.fragments, 120, "the task never started")
         provider.max_blocks = 2
-        outcome = future.result(timeout=600)
+        (outcome,) = _results([future], executor)
     assert outcome["status"] == "done" and outcome["samples"] == 100_000
     events = _events(executor)
     warm = [e for e in events if e["event"] == "fragment_start" and e.get("after") is not None]
@@ -320,7 +342,7 @@ def test_a_task_grows_onto_a_pilot_and_gives_it_back_in_place(tmp_path: Path, mo
         until(lambda: len(a.nodes) == 2 and a.previous is None and 2 in a.measured,
               300, "a never trained on two nodes")  # fmt: skip
         second = train_b(per_step_s=0.05, **options)
-        outcomes = [first.result(timeout=600), second.result(timeout=600)]
+        outcomes = _results([first, second], executor)
     assert [o["samples"] for o in outcomes] == [80_000, 20_000]
     assert all(o["status"] == "done" and o["restarts"] == 0 for o in outcomes)
     events = _events(executor)
@@ -418,8 +440,8 @@ def test_backfill_executor_on_slurm_pilots_through_a_main_job(slurm, tmp_path: P
         main = sbatch(slurm, "main", 2, "sleep 10", "--time=1")  # needs the pilot's nodes
         until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
         assert start_delay(slurm, main) <= GRACE_S + 6  # the fragments checkpoint within it
-        assert [f.result(timeout=600) for f in plain] == [i**3 for i in range(5)]
-        outcomes = [f.result(timeout=600) for f in trials]
+        assert _results(plain, executor) == [i**3 for i in range(5)]
+        outcomes = _results(trials, executor)
     assert all(o["status"] == "done" and o["samples"] == 3000 for o in outcomes)
     assert executor.preemptions >= 1
     ends = {p.job_id: (p.state.name, p.reason) for p in provider.pilots.values()}

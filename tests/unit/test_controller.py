@@ -218,6 +218,28 @@ def test_a_predecessor_that_finishes_during_a_hand_over_completes_the_task() -> 
     assert c.elastic["a"].state == "done" and c.outstanding_nodes() == 0
 
 
+@pytest.mark.parametrize("end", ["pilot gone", "crash"])
+def test_a_fragment_that_trained_all_the_work_but_left_no_result_runs_again(end: str) -> None:
+    # Its last step report says the work is done, then it ends without a result: its pilot
+    # went (a preemption's grace ran out) or a rank crashed before the result was written. The
+    # task is not done until a fragment returns its result: a successor starts from the
+    # checkpoint and ends at once (or trains what the checkpoint lacks).
+    c = _controller()
+    (start,) = c.handle([TaskSubmitted(_task("a", 1, 4, work=1000)), _up("p1", "n1")], NOW)
+    c.handle([Progress("a", 1, 100.0, 1000)], NOW + 1)
+    if end == "pilot gone":
+        out = c.handle([PilotGone("p1", "bye")], NOW + 2)
+    else:
+        out = c.handle(_exits(start, None, code=9), NOW + 2)
+    assert not _of(Resolve, out) and c.elastic["a"].state != "done"
+    assert c.outstanding_nodes() > 0  # the scaling loop still asks for a pilot
+    starts = _of(StartFragment, out + c.handle([_up("p2", "m1")], NOW + 3))
+    (again,) = starts
+    out = c.handle(_exits(again, {"status": "done", "samples": 1000}), NOW + 4)
+    (resolve,) = _of(Resolve, out)
+    assert resolve.value["samples"] == 1000 and c.elastic["a"].state == "done"
+
+
 def test_a_lost_pilot_is_not_a_failure_and_its_plain_tasks_run_again() -> None:
     c = _controller()
     out = c.handle(
@@ -459,6 +481,7 @@ events = st.lists(
         st.tuples(st.just("ready"), st.integers(0, 5)),
         st.tuples(st.just("grown"), st.integers(0, 5)),
         st.tuples(st.just("tick"), st.integers(1, 200)),
+        st.tuples(st.just("all_done"), st.integers(0, 5)),
     ),
     max_size=30,
 )
@@ -556,11 +579,16 @@ events = st.lists(
     1,
     False,
 )
+# A fragment whose step reports reached the work, then lost with its pilot or crashed before
+# it wrote its result: the task was marked done, and its future was never set.
+@example([("up", 1, None), ("elastic", 1, 1), ("all_done", 0), ("gone", 0)], 1, False)
+@example([("up", 1, None), ("elastic", 1, 1), ("all_done", 0), ("exit", 0, None)], 1, False)
 def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
     """Whatever happens, in batches of any size, with in-place shrinks and grows or not: no
     node runs two tasks (but a fragment and its warm successor), starts and grows are within
     bounds and on pilots not leaving, every signal goes to a live process, each future is set
-    at most once, and a task whose future is set never starts or grows again."""
+    at most once, a task whose future is set never starts or grows again, and a task is over
+    only once its future is set."""
     c = _controller(
         time_limit=5, min_node_life_s=30, shrink_in_place=in_place, grow_in_place=in_place
     )
@@ -676,6 +704,11 @@ def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
         elif kind == "tick":
             now += ev[1]
             batch.append(Tick())
+        elif kind == "all_done":  # a step report that reaches the work: no result yet
+            running = sorted(t for t, _ in c.fragments)
+            if running:
+                task = c.elastic[running[ev[1] % len(running)]]
+                batch.append(Progress(task.id, max(1, len(task.nodes)), 100.0, task.work))
         if len(batch) >= batch_size:
             apply(c.handle(batch, now))
             batch = []
@@ -684,7 +717,7 @@ def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
         assert task.state in ("queued", "running", "stopping", "done", "failed")
         if task.id in settled:  # over, or its last fragment still on its way out
             assert task.state in ("done", "failed") or any(t == task.id for t, _ in c.fragments)
-        if task.state == "failed":
+        if task.state in ("done", "failed"):  # over only once its future is set
             assert task.id in settled
 
 
