@@ -16,9 +16,9 @@ slots, listening for them on a Unix socket in a private (0700) directory. Two ki
   interpreter (:mod:`parsl_bf.training.relay`), which costs no warm-up. A take sends the job
   and the relay's connection to the pool's rank host (:mod:`.warmhost` ``--ranks``), which has
   imported torch and the trainer once and forks the rank into the relay's MPI job. A taken
-  relay is replaced at once. A rank host that dies is replaced (its ranks live on); one that
-  cannot warm up, or a launcher that gives its job no ``PMI_PORT`` (not MPICH's Hydra), turns
-  the pool to standbys.
+  relay is replaced as soon as it is ready (at once, if it was). A rank host that dies is
+  replaced (its ranks live on); one that cannot warm up, or a launcher that gives its job no
+  ``PMI_PORT`` (not MPICH's Hydra), turns the pool to standbys.
 * **standbys** (:mod:`parsl_bf.training.standby`), on GPU nodes (a CUDA context does not
   survive a fork) or where forking cannot work: each a process that pays the imports and the
   first optimizer step before it is taken. A taken standby is replaced once its rank has
@@ -208,7 +208,7 @@ class RankPool:
         ``nice``: at niceness 19 while they warm up (replacements, which start while ranks
         train on the same node)."""
         want = self.size if slots is None else min(slots, self.size)
-        while not (self.broken or self.stopped) and self._untaken() < want:
+        while not (self.broken or self.stopped) and self._filled() < want:
             self._tokens += 1
             relay = self.host is not None
             if relay:  # a bare interpreter: no warm-up, so no competing with the ranks
@@ -231,14 +231,22 @@ class RankPool:
                 return
             self.standbys[self._tokens] = Standby(proc, nice=nice and not relay, relay=relay)
 
-    def _untaken(self) -> int:
+    def _filled(self) -> int:
+        """The slots the pool's standbys fill: those not taken and, with relays, also those
+        taken while still starting. A relay's ``mpiexec`` needs a job step of the pilot (under
+        Slurm, a CPU of its node) before it is ready: a replacement started before the taken
+        relay has its step may take that step and keep it, idle, while the taken relay and
+        its rank wait for it (a fragment that never started, on one-CPU nodes). A standby
+        taken while starting is already counted in ``busy`` (:meth:`serve`)."""
+        if self.host is not None:
+            return len(self.standbys)
         return sum(s.job is None for s in self.standbys.values())
 
     def serve(self, busy: int = 0) -> None:
         """Accept standbys that connected, read their ``ready``, forget those that died, and
         start one for each slot that no rank runs in (``busy``: this host's ranks running);
         with ``refill_while_busy``, replace those taken :data:`REFILL_DELAY_S` after the take
-        instead. Relays are replaced at once: they cost no warm-up."""
+        instead. Relays are replaced once ready: they cost no warm-up."""
         if self.host is not None and not self.host.read():
             self._host_gone()
         if self.host is not None:

@@ -237,6 +237,34 @@ def test_a_pool_that_refills_while_busy_replaces_a_taken_standby_niced() -> None
         pool.close()
 
 
+def test_a_relay_taken_while_starting_is_replaced_only_once_it_is_ready() -> None:
+    # A relay holds a job step of its pilot from its start (under Slurm, a CPU of its node).
+    # Replaced at once, its replacement could take the last step and keep it, idle, while the
+    # taken relay and the fragment's rank waited for it: seen on the loopback cluster's
+    # one-CPU nodes, where a fragment launched just after its pilot came up never started.
+    pool = RankPool(1, MPIEXEC, fork=True)
+    try:
+        assert pool.host is not None
+        pool.fill()
+        (first,) = pool.standbys.values()
+        job = {"argv": ["--help"], "env": {}, "cwd": None, "stdout": None, "stderr": None}
+        # Taken before any serve: before the pool can have seen it ready.
+        assert pool.take(json.dumps(job).encode() + b"\n") is first and first.job is not None
+
+        def handed() -> bool:
+            pool.serve()
+            if first.job is not None:  # still starting: it alone fills the slot
+                assert list(pool.standbys.values()) == [first]
+            return first.job is None
+
+        until(handed, 120, "the taken relay never became ready")
+        until(lambda: pool.serve() or pool.standbys, 30, "not replaced once it was ready")
+        (replacement,) = pool.standbys.values()
+        assert replacement is not first and replacement.relay
+    finally:
+        pool.close()
+
+
 def _forked(stderr: Path) -> bool:
     return "rank host started" in (stderr.read_text() if stderr.exists() else "")
 
