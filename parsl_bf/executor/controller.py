@@ -50,10 +50,13 @@ object as the replay's), the counts are mapped to nodes without migration
   :data:`NOTICE_SLACK_S` (capped at ``walltime_notice_s``), so that a hole is not cut short by
   more than its fragments need to checkpoint and exit (:meth:`Controller.next_deadline` says
   when to look again).
-  At a walltime, a fragment that also runs on pilots that stay gives the leaving pilot's
-  ranks back in place instead (with ``shrink_in_place``): its ranks there run until then,
-  unlike a preempted pilot's. A pilot gone takes its processes with it: its plain apps are
-  queued again, its fragments' launchers there count as lost.
+  At a walltime or a preemption, a fragment that also runs on pilots that stay gives the
+  leaving pilot's ranks back in place instead (with ``shrink_in_place``): at a walltime its
+  ranks there run until the shrink; at a preemption they got the agent's TERM at once and
+  leave at their next step by themselves (the fragment's ``--leave-min``), so the shrink
+  holds the preempted nodes no longer than a stop would. What a preemption costs is then
+  the leaving ranks, not a restart of every rank. A pilot gone takes its processes with it:
+  its plain apps are queued again, its fragments' launchers there count as lost.
 
 Beyond the paper's model:
 - a node's value is its pilot's remaining walltime: growing tasks take the longest-lived nodes,
@@ -119,6 +122,10 @@ NOTICE_MARGIN = 2.0
 NOTICE_SLACK_S = 0.25
 #: Clean stops remembered per task: a slower stop raises the notice for this many stops.
 STOPS_KEPT = 10
+#: Why a pilot leaves, when a fragment that also runs on pilots that stay gives its ranks
+#: there back in place (``shrink_in_place``) instead of stopping: a cancelled pilot's ranks
+#: are ours to stop, and a pilot gone took them already.
+IN_PLACE_REASONS = ("walltime", "preempted")
 
 
 def node_id(pilot: str, host: str) -> Node:
@@ -438,11 +445,16 @@ class Controller:
 
     def _stop_fragments_on(self, pilot: str, reason: str, now: float, out: list[Command]) -> None:
         """The pilot goes: every fragment with a node on it checkpoints now, except one that
-        can give the pilot's ranks back in place when it leaves at its walltime (the ranks
-        there run until then; a preempted pilot's may be gone already)."""
+        can give the pilot's ranks back in place when it leaves at its walltime or is
+        preempted. At a walltime its ranks there run until then; at a preemption the agent
+        has signalled them at once and, with their fragment's ``--leave-min``, they leave at
+        their next step on their own (:class:`~parsl_bf.training.trainer.ElasticTrainer`):
+        the shrink asked here is the same one, and whichever comes first is done. A pilot
+        gone took its ranks with it: their fragment stops."""
         for task in self.elastic.values():
             hit = task.state == "running" and any(_split(n)[0] == pilot for n in task.nodes)
-            if hit and reason == "walltime" and self._shrink_off(task, now, out):
+            in_place = reason in IN_PLACE_REASONS
+            if hit and in_place and self._shrink_off(task, reason, now, out):
                 continue
             if hit:
                 task.state = "stopping"
@@ -453,7 +465,7 @@ class Controller:
                 # Its successor is stopping or its own nodes go: no hand-over, stop it now.
                 self._stop(task.id, task.previous[0], reason, now, out)
 
-    def _shrink_off(self, task: ElasticTask, now: float, out: list[Command]) -> bool:
+    def _shrink_off(self, task: ElasticTask, reason: str, now: float, out: list[Command]) -> bool:
         """Shrink ``task``'s running fragment in place onto its nodes whose pilots stay, if
         in-place shrinks are on and its placement allows: what a leaving pilot costs is then
         its own ranks, not a restart of every rank (a ResNet-18 shrink in place: 0.4 s)."""
@@ -465,7 +477,7 @@ class Controller:
         shrink = self._shrink(task, stays, now)
         if shrink is None:
             return False
-        out += [shrink, Note("fragment_shrink", _shrink_names(shrink) | {"reason": "walltime"})]
+        out += [shrink, Note("fragment_shrink", _shrink_names(shrink) | {"reason": reason})]
         return True
 
     def _leaving(self, pilot: str) -> bool:

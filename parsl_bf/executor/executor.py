@@ -180,7 +180,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     shrink_in_place : bool
         With ``warm_ranks``, shrink a fragment that gives back whole pilots in place: the
         ranks that stay train on with the state in memory, the others leave
-        (:mod:`parsl_bf.training.resize`), with no checkpoint written or read. A task's own
+        (:mod:`parsl_bf.training.resize`), with no checkpoint written or read. This is done
+        when a pilot reaches its walltime, and when one is preempted: its ranks leave at their
+        next step and the rest train on, as long as ``min_nodes`` stay. A task's own
         training loop takes it as a stop and starts again at the new size.
     grow_in_place : bool
         With ``warm_ranks``, grow a fragment that keeps all of its nodes in place: joiner
@@ -738,7 +740,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             per = per_node[pilot]
             count = len(hosts) * per
             ranges[g] = (first, count)
-            flags = self._fragment_flags(d, start.generation)
+            flags = self._fragment_flags(d, start.generation, task, max(per_node.values()))
             if self.warm_ranks and ranks > 1:  # every rank its own group
                 flags["rendezvous"] = d.rendezvous(start.generation)
             elif groups > 1:
@@ -788,7 +790,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         per_node = {pilot: self._ranks_per_node(pilot) for pilot, _ in grow.placement}
         joiners = sum(len(hosts) * per_node[pilot] for pilot, hosts in grow.placement)
         rendezvous = d.grow(grow.generation, grow.first)
-        flags = self._fragment_flags(d, grow.generation) | {"join": rendezvous}
+        most = max(per_node.values())
+        flags = self._fragment_flags(d, grow.generation, task, most) | {"join": rendezvous}
         argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
         self._resize_asked[grow.task] = time.time()
         offset = 0
@@ -803,14 +806,21 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         request = GrowRequest(str(rendezvous), 1 + joiners, of=world, to=world + joiners)
         self._grows[(grow.task, grow.generation)] = (request, d.resize(grow.generation))
 
-    def _fragment_flags(self, d: TaskDir, generation: int) -> dict[str, Any]:
-        """The worker flags every rank of a fragment takes, whatever its way in."""
-        return {
+    def _fragment_flags(
+        self, d: TaskDir, generation: int, task: ElasticTask, per_node: int
+    ) -> dict[str, Any]:
+        """The worker flags every rank of a fragment takes, whatever its way in. With in-place
+        shrinks, ``leave_min``: the ranks of ``min_nodes`` nodes (``per_node`` each) that let a
+        preempted pilot's ranks leave in place (the controller shrinks the same way)."""
+        flags = {
             "checkpoint_every": self.checkpoint_every,
             "report": d.progress,
             "result": d.result(generation),
             "resize": d.resize(generation),
         }
+        if self.controller.shrink_in_place:
+            flags["leave_min"] = task.min_nodes * per_node
+        return flags
 
     def _rank_spec(
         self, first: int, count: int, of: int, per_node: int, hosts: tuple[str, ...]

@@ -301,6 +301,12 @@ class ElasticTrainer:
     or repeated) is dropped. A joiner is a trainer with ``join``: ``join(comm)`` returns the
     grown communicator (:func:`~parsl_bf.training.rendezvous.join`), and its state comes from
     the fragment's rank 0 instead of a checkpoint.
+
+    With ``leave_min``, a stop asked of some ranks but not of all is those ranks leaving, as a
+    preemption that signals only its own pilot's ranks asks: when at least ``leave_min`` ranks
+    were not asked, they train on in memory as after a shrink request that keeps them, and the
+    asked ones return ``"left"`` (no checkpoint round trip, no restart). Otherwise, and
+    without ``leave_min``, any rank's stop stops every rank.
     """
 
     def __init__(
@@ -320,6 +326,7 @@ class ElasticTrainer:
         take_resize: Callable[[bool], ShrinkRequest | GrowRequest | None] = lambda read: None,
         resize_at: int | None = None,
         join: Callable[[MPI.Intracomm], MPI.Intracomm] | None = None,
+        leave_min: int | None = None,
     ) -> None:
         self.task, self.comm, self.work = task, comm, int(work)
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -335,6 +342,7 @@ class ElasticTrainer:
         self.take_resize = take_resize
         self.resize_at = resize_at  # a resize asked at an exact step (tests, benchmarks)
         self.join = join
+        self.leave_min = leave_min  # None: a stop asked of any rank stops every rank
 
     def _seed(self) -> None:
         torch.manual_seed(self.task.seed)
@@ -512,6 +520,7 @@ class ElasticTrainer:
                 planned_resize = self.resize_at is not None and samples >= self.resize_at
                 asked = [float(self.should_stop()), float(self.should_resize() or planned_resize)]
                 shared = np.array([float(local.detach()), *asked])
+                mine_stop = asked[0] > 0
                 comm.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
                 total_loss = loss_value = float(shared[0]) / batch
                 stop, resize = shared[1] > 0, shared[2] > 0
@@ -548,6 +557,10 @@ class ElasticTrainer:
                     self._evaluate(model, samples, history)
                     model.train()
                 planned = self.stop_at is not None and samples >= self.stop_at
+                if stop and not planned and samples < self.work:
+                    keep = self._stays(world, int(round(shared[1])), mine_stop)
+                    if keep is not None:
+                        break  # the asked ranks leave in place; the others train on
                 if (stop or planned) and samples < self.work:
                     status = "stopped"
                     break
@@ -623,6 +636,21 @@ class ElasticTrainer:
             model_path,
             loaded_samples,
         )
+
+    def _stays(self, world: int, asked: int, mine: bool) -> list[int] | None:
+        """After a step in which ``asked`` of the ``world`` ranks were asked to stop (``mine``:
+        this one): the ranks that train on while the asked ones leave in place, when some were
+        not asked and at least ``leave_min`` stay; None: every rank stops. A stop asked of
+        some ranks only is their nodes going (a preemption signals only its own pilot's
+        ranks): the others keep their state in memory instead of a checkpoint round trip.
+        Collective on every rank (each knows ``asked`` from the step's Allreduce); rank 0's
+        ``leave_min`` decides, so that every rank decides alike."""
+        if not 0 < asked < world:
+            return None
+        gathered = self.comm.allgather((mine, self.leave_min))
+        leave_min = gathered[0][1]
+        keep = [r for r, (leaving, _) in enumerate(gathered) if not leaving]
+        return None if leave_min is None or len(keep) < leave_min else keep
 
     def _agree_resize(self, world: int, most: int) -> list[int] | GrowRequest | str | None:
         """Every rank takes (and clears) its resize request; rank 0's decides. The ranks to

@@ -5,7 +5,9 @@
 
 SIGTERM or SIGUSR1 (preemption, or a rescale decided by the executor) makes every rank finish
 its step, checkpoint and exit 0 with ``"status": "stopped"`` in the result file; starting the
-same command again, at any world size, continues from the checkpoint. A request written to the
+same command again, at any world size, continues from the checkpoint. With ``--leave-min K``, a
+signal to some ranks only (a preemption of their pilot) makes them leave in place when at least
+K ranks were not signalled: those train on in memory, as at a shrink. A request written to the
 ``--resize`` file (:mod:`.resize`) resizes the fragment in place. At a shrink the ranks it keeps
 train on in memory at the new size and the others exit 0 at once (the lowest rank kept is rank
 0 from then on, and writes the result file). At a grow, joiner ranks started with ``--join DIR
@@ -262,6 +264,13 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         "state; says it is set up in ready.<group> there (unless --ready names a file)",
     )
     ap.add_argument(
+        "--leave-min",
+        type=int,
+        help="a SIGTERM or SIGUSR1 to some ranks only (a preemption of their pilot) lets them "
+        "leave in place when at least this many ranks were not signalled: those train on in "
+        "memory; without it (and with fewer), every rank checkpoints and stops",
+    )
+    ap.add_argument(
         "--stop-at",
         type=int,
         help="checkpoint and stop (status stopped) once this many samples are done: a planned "
@@ -363,6 +372,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
                 take_resize=resize.take,
                 resize_at=args.resize_at,
                 join=join_grown if joining else None,
+                leave_min=args.leave_min,
             )
             try:
                 outcome = trainer.run()

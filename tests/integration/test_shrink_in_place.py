@@ -89,3 +89,41 @@ def test_rank_0_may_leave_and_the_lowest_kept_rank_carries_on(tmp_path: Path) ->
     assert [e for e, _ in events].count("start") == 1
     assert [h["samples"] for h in out["metrics_history"]][:1] == [512]  # made by the old rank 0
     assert load_latest(tmp_path / "ckpt")["samples"] == 2500
+
+
+def test_ranks_signalled_alone_leave_in_place_while_enough_stay(tmp_path: Path, launch) -> None:
+    """A preemption signals only its own pilot's ranks. Three ranks with ``--leave-min 2``:
+    rank 0 alone gets SIGTERM and leaves at its next step while ranks 1 and 2 train on in the
+    same processes (the lowest is rank 0 from then on); then rank 1's SIGTERM would leave one
+    rank, fewer than 2, so both checkpoint and stop."""
+    flags = {"rendezvous": tmp_path / "rdv", "groups": 3, "leave_min": 2}
+    ranks = [launch(tmp_path, 10**9, group=g, **flags) for g in (0, 1, 2)]
+    wait_for_report(tmp_path, "step")
+    ranks[0].send_signal(signal.SIGTERM)
+    assert ranks[0].wait(timeout=120) == 0, ranks[0].stderr.read()
+    shrunk = wait_for_report(tmp_path, "shrunk")
+    assert shrunk["world"] == 2 and shrunk["previous_world"] == 3
+    assert ranks[1].poll() is None and ranks[2].poll() is None
+    assert not (tmp_path / "result.json").exists()  # no stop: nothing written
+    after = wait_for_report(tmp_path, "step", min_samples=shrunk["samples"] + 1)
+    assert after["world"] == 2
+    ranks[1].send_signal(signal.SIGTERM)
+    for r in ranks[1:]:
+        assert r.wait(timeout=120) == 0, r.stderr.read()
+    out = result(tmp_path)
+    assert out["status"] == "stopped" and out["world"] == 2
+    assert load_latest(tmp_path / "ckpt")["samples"] == out["samples"] >= after["samples"]
+    assert [r["event"] for r in _reports(tmp_path)].count("start") == 1
+
+
+def test_without_leave_min_one_signalled_rank_stops_every_rank(tmp_path: Path, launch) -> None:
+    """The default: a SIGTERM to one rank of two checkpoints and stops both."""
+    flags = {"rendezvous": tmp_path / "rdv", "groups": 2}
+    ranks = [launch(tmp_path, 10**9, group=g, **flags) for g in (0, 1)]
+    wait_for_report(tmp_path, "step")
+    ranks[1].send_signal(signal.SIGTERM)
+    for r in ranks:
+        assert r.wait(timeout=120) == 0, r.stderr.read()
+    out = result(tmp_path)
+    assert out["status"] == "stopped" and out["world"] == 2
+    assert "shrunk" not in [r["event"] for r in _reports(tmp_path)]

@@ -809,7 +809,7 @@ def test_a_shrink_that_gives_back_a_whole_pilot_is_done_in_place() -> None:
     assert [r.task for r in _of(Resolve, out)] == ["a"]
 
 
-def test_a_pilot_at_its_walltime_is_given_back_in_place_and_a_preempted_one_is_not() -> None:
+def test_a_pilot_at_its_walltime_is_given_back_in_place() -> None:
     c, start = _two_pilots(first_ends=NOW + 30)
     (p2,) = [g for g, (pilot, _) in enumerate(start.placement) if pilot == "p2"]
     out = c.handle([Tick()], NOW + 30 - c.walltime_notice_s)
@@ -822,8 +822,29 @@ def test_a_pilot_at_its_walltime_is_given_back_in_place_and_a_preempted_one_is_n
     assert c.elastic["a"].state == "running" and c.fragments[("a", 1)].running == {
         fragment_key("a", 1, p2): "p2"
     }
-    # A preemption's ranks may be gone at once: the fragment checkpoints and restarts.
-    c, start = _two_pilots(first_ends=NOW + 30)
+
+
+def test_a_preempted_pilot_is_given_back_in_place_while_min_nodes_stay() -> None:
+    c, start = _two_pilots()
+    (p2,) = [g for g, (pilot, _) in enumerate(start.placement) if pilot == "p2"]
+    out = c.handle([PilotLeaving("p1", "preempted")], NOW + 1)
+    (shrink,) = _of(ShrinkFragment, out)  # the ranks on p1 leave (their TERM came with it)
+    assert shrink.keep == (p2,) and not _terms(out)
+    reasons = [n.fields["reason"] for n in _of(Note, out) if n.event == "fragment_shrink"]
+    assert reasons == ["preempted"]
+    out = c.handle([ProcessExited("p1", fragment_key("a", 1, 1 - p2), 0, None)], NOW + 2)
+    out += c.handle([PilotGone("p1", "bye")], NOW + 3)
+    assert "fragment_shrunk" in _notes(out) and not _terms(out) and not _of(StartFragment, out)
+    assert c.elastic["a"].state == "running" and c.preemptions == 1
+    # Killed before they left (the grace was too short): the rest stop and start again.
+    c, start = _two_pilots()
+    c.handle([PilotLeaving("p1", "preempted")], NOW + 1)
+    out = c.handle([PilotGone("p1", "lost")], NOW + 2)
+    assert _terms(out) == {("p2", fragment_key("a", 1, p2))}
+    assert c.fragments[("a", 1)].stop_reason == "a group ended"
+    # Fewer than min_nodes would stay: the fragment checkpoints and stops everywhere.
+    c, start = _two_pilots()
+    c.elastic["a"].min_nodes = 2
     out = c.handle([PilotLeaving("p1", "preempted")], NOW + 1)
     assert _terms(out) == {(p, fragment_key("a", 1, g)) for g, (p, _) in enumerate(start.placement)}
     assert not _of(ShrinkFragment, out)
