@@ -137,9 +137,11 @@ def run(
     tfwd: str | float,
     bound: bool,
     free_rescales: bool = False,
+    preemption_shrink_s: float | None = ReplayConfig.preemption_shrink_s,
 ) -> dict:
     """One replay of ``fold``; ``bound``: also solve its E_avail bound (once per fold);
-    ``free_rescales``: every job's R_up and R_down set to 0 (benchmarks/bound_gap.py)."""
+    ``free_rescales``: every job's R_up and R_down set to 0 (benchmarks/bound_gap.py);
+    ``preemption_shrink_s``: ReplayConfig's (None: every preemption restarts its task)."""
     trace = _trace(fold.nodes)
     jobs = _jobs(fold.jobs, fold.start_s, objective == "balanced-speedup")
     if free_rescales:
@@ -154,6 +156,7 @@ def run(
         cap_at_remaining_work=objective != "speedup_balanced-uncapped",
         start_s=fold.start_s,
         end_s=end,
+        preemption_shrink_s=preemption_shrink_s,
         **({} if bound else {"bound_buckets": 0}),
     )
     began = time.perf_counter()
@@ -286,8 +289,19 @@ def main() -> int:
         help="the T_fwd rules of the grid, comma-separated: auto or seconds "
         f"(default {','.join(map(str, TFWD_RULES))})",
     )
+    ap.add_argument(
+        "--preemption-shrink-s",
+        default=str(ReplayConfig.preemption_shrink_s),
+        help="what a preemption costs a task whose min_nodes stay, in seconds of its training "
+        "(ReplayConfig.preemption_shrink_s; 'none': every preemption restarts its task, the "
+        "accounting before in-place shrinks at preemption; default %(default)s)",
+    )
     args = ap.parse_args()
     folds = make_folds(args.quick)
+    try:
+        shrink_s = None if args.preemption_shrink_s == "none" else float(args.preemption_shrink_s)
+    except ValueError:
+        ap.error(f"--preemption-shrink-s: {args.preemption_shrink_s!r}: seconds or none")
     try:
         rules = [x if x == "auto" else int(x) for x in args.tfwd_rules.split(",")]
     except ValueError:
@@ -312,8 +326,9 @@ def main() -> int:
         base, records, wall = saved["base"], saved["records"], saved["wall_s"]
     else:
         with ProcessPoolExecutor(args.workers) as pool:
-            base = list(pool.map(_run, [(f, "equal-share", "throughput", 10, True) for f in folds]))
-            jobs = [(f, "milp", o, t, False) for f in folds for o, t in grid]
+            equal = [(f, "equal-share", "throughput", 10, True, False, shrink_s) for f in folds]
+            base = list(pool.map(_run, equal))
+            jobs = [(f, "milp", o, t, False, False, shrink_s) for f in folds for o, t in grid]
             records = list(pool.map(_run, jobs))
         wall = time.perf_counter() - began
     if args.save:
@@ -512,6 +527,7 @@ def main() -> int:
         json.dumps(
             {
                 "mode": mode,
+                "preemption_shrink_s": shrink_s,
                 "chosen": {"objective": objective, "tfwd": tfwd} if chosen else None,
                 "current_default": current,
                 "chosen_mean": statistics.fmean(scores[chosen].values()) if chosen else None,

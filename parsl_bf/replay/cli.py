@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -56,6 +57,8 @@ def _flag_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the numeric flags, if anything."""
     if not 0 <= args.announced <= 1:
         return f"--announced: expected 0 to 1, got {args.announced}"
+    if not 0 <= args.preemption_shrink_s < math.inf:
+        return f"--preemption-shrink-s: expected seconds >= 0, got {args.preemption_shrink_s}"
     bounds = [
         ("--swf-nodes", args.swf_nodes, 1, MAX_NODES),
         ("--procs-per-node", args.procs_per_node, 1, 10**6),
@@ -109,13 +112,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(the original replayer starts tasks for free)",
     )
     p.add_argument(
+        "--preemption-shrink-s",
+        type=float,
+        default=ReplayConfig.preemption_shrink_s,
+        metavar="S",
+        help="what a preemption costs a task whose min_nodes stay, in seconds of its training "
+        "(S·P(c)): the preempted ranks leave in place and the others train on, as in the "
+        "executor (default %(default)s; --original-accounting: every preemption restarts)",
+    )
+    p.add_argument(
         "--original-accounting",
         action="store_true",
         help="find completions and admit jobs at the trace's events only, never cap a "
-        "task's gain at its remaining work, and charge a preempted task's rescale apart from "
-        "its preemption, as the original replayer (default: a completion and a submission "
-        "into a free slot are events of their own, and a preempted task restarts once, as in "
-        "the executor; docs/replay.md)",
+        "task's gain at its remaining work, restart a task at every preemption and charge its "
+        "rescale apart from it, as the original replayer (default: a completion and a "
+        "submission into a free slot are events of their own, a preempted task whose "
+        "min_nodes stay shrinks in place, and one that restarts does so once, as in the "
+        "executor; docs/replay.md)",
     )
     p.add_argument(
         "--hole-plan",
@@ -246,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"T_fwd = {tfwd:.0f} s (median hole length of the replayed nodes)", file=sys.stderr)
     else:
         tfwd = policy.lookahead()
+    accounting = ORIGINAL_ACCOUNTING if args.original_accounting else {}
     config = ReplayConfig(
         tfwd=tfwd,
         objective=policy.objective,
@@ -254,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
         end_s=end,
         charge_starts=args.charge_starts,
         holes=HoleForecast(*args.hole_plan, args.announced) if args.hole_plan else None,
-        **(ORIGINAL_ACCOUNTING if args.original_accounting else {}),
+        **({"preemption_shrink_s": args.preemption_shrink_s} | accounting),
     )
     update, finish = _progress(end, args.start)
     began = time.perf_counter()
@@ -272,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         "jobs": str(args.jobs),
         "max_jobs": args.max_jobs,
         "charge_starts": args.charge_starts,
+        "preemption_shrink_s": config.preemption_shrink_s,
         "accounting": "original" if args.original_accounting else "executor",
         "hole_ends": config.holes.describe() if config.holes else "tfwd",
         "start_s": args.start,

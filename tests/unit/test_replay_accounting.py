@@ -30,10 +30,15 @@ def _job(jid="a", work=1e9, submit=0.0, up=10.0, down=5.0, max_nodes=4):
     )
 
 
+#: Every preemption restarts the task (R_down·P(c)), as in the original replayer: the charges
+#: these tests work out by hand. The in-place shrink has its own test below.
+RESTARTS = ReplayConfig(tfwd=1000, preemption_shrink_s=None)
+
+
 def test_progress_rescale_and_preemption_charges() -> None:
     # Two idle nodes from t=0; node 1 is taken back at t=100; the window ends at t=300.
     trace = idle_trace([True, True], [(100, 1, False)], 300)
-    result = replay(trace, [_job()], make_policy("exact"), ReplayConfig(tfwd=1000))
+    result = replay(trace, [_job()], make_policy("exact"), RESTARTS)
     s = result.summary
     # t=0: starts on 2 nodes (rate 200; starting from 0 costs R_up·P(0) = 0).
     # t=100: 100 s × 200 = 20,000; preemption charge R_down·200 = 1,000; then on 1 node
@@ -66,7 +71,7 @@ def test_a_preempted_task_restarts_once_at_its_new_size(up: float, extra: float)
         seen.append(problem)
         return solve_exact(problem)
 
-    config = ReplayConfig(tfwd=1000, bound_buckets=0)
+    config = dataclasses.replace(RESTARTS, bound_buckets=0)
     result = replay(trace, [_job(up=up)], recording, config)
     assert [c for _, c in result.task_nodes["a"]] == [0, 2, 1, 2]
     restarting = seen[-1].tasks[0]
@@ -82,10 +87,36 @@ def test_a_preempted_task_restarts_once_at_its_new_size(up: float, extra: float)
     assert apart.summary["rescale_loss_samples"] == pytest.approx(up * 100)
 
 
+def test_a_preempted_task_whose_min_nodes_stay_shrinks_in_place() -> None:
+    # Three idle nodes; node 2 is taken back at t=100. The task on 3 nodes (rate 300) keeps 2:
+    # their ranks train on while the preempted one leaves, S·P(3) = 1 × 300, and the allocator
+    # sees its ordinary rescale costs (no restart). With min_nodes 3 it restarts instead,
+    # R_down·P(3) = 5 × 300 = 1,500, as with preemption_shrink_s None.
+    trace = idle_trace([True, True, True], [(100, 2, False)], 300)
+    seen = []
+
+    def recording(problem: AllocationProblem):
+        seen.append(problem)
+        return solve_exact(problem)
+
+    config = ReplayConfig(tfwd=1000, bound_buckets=0)
+    s = replay(trace, [_job()], recording, config).summary
+    assert s["preemptions"] == 1 and s["preemption_loss_samples"] == pytest.approx(300)
+    assert s["samples"] == pytest.approx(100 * 300 - 300 + 200 * 200)
+    after = seen[-1].tasks[0]
+    assert (after.current_nodes, after.rescale_up_s, after.rescale_down_s) == (2, 10.0, 5.0)
+    for job, cfg in [
+        (dataclasses.replace(_job(), min_nodes=3), config),
+        (_job(), dataclasses.replace(config, preemption_shrink_s=None)),
+    ]:
+        restarted = replay(trace, [job], recording, cfg).summary
+        assert restarted["preemption_loss_samples"] == pytest.approx(1_500)
+
+
 def test_charge_starts_charges_a_start_from_zero_at_the_new_rate() -> None:
     # The first test's trace, with starts charged: t=0 starts on 2 nodes, R_up·P(2) = 2,000.
     trace = idle_trace([True, True], [(100, 1, False)], 300)
-    config = ReplayConfig(tfwd=1000, charge_starts=True)
+    config = dataclasses.replace(RESTARTS, charge_starts=True)
     s = replay(trace, [_job()], make_policy("exact"), config).summary
     assert s["samples"] == pytest.approx(20_000 - 2_000 - 1_000 + 20_000)
     assert s["rescale_loss_samples"] == pytest.approx(2_000)
@@ -96,11 +127,11 @@ def test_a_measured_start_cost_replaces_r_up_for_a_start_only() -> None:
     # preemption still R_down·P(2) = 1,000; without charge_starts a start stays free.
     trace = idle_trace([True, True], [(100, 1, False)], 300)
     job = dataclasses.replace(_job(), start_s=3.0)
-    charged = ReplayConfig(tfwd=1000, charge_starts=True)
+    charged = dataclasses.replace(RESTARTS, charge_starts=True)
     s = replay(trace, [job], make_policy("exact"), charged).summary
     assert s["samples"] == pytest.approx(20_000 - 600 - 1_000 + 20_000)
     assert s["rescale_loss_samples"] == pytest.approx(600)
-    free = replay(trace, [job], make_policy("exact"), ReplayConfig(tfwd=1000)).summary
+    free = replay(trace, [job], make_policy("exact"), RESTARTS).summary
     assert free["samples"] == pytest.approx(20_000 - 1_000 + 20_000)
 
 
@@ -190,8 +221,9 @@ def test_the_remaining_work_cap_reaches_the_policy_while_no_job_waits() -> None:
 
     replay(trace, [_job(work=30_000)], recording, ReplayConfig(tfwd=1000, bound_buckets=0))
     assert seen and all(p.caps_remaining_work for p in seen)
-    # 20,000 samples by t=100, less the preemption's 1,000: 11,000 of 30,000 left then.
-    assert [p.tasks[0].remaining_work for p in seen] == [30_000, 11_000]
+    # 20,000 samples by t=100, less the preemption's in-place shrink (1 s × 200): 10,200 of
+    # 30,000 left then.
+    assert [p.tasks[0].remaining_work for p in seen] == [30_000, 10_200]
     seen.clear()
     uncapped = ReplayConfig(tfwd=1000, bound_buckets=0, cap_at_remaining_work=False)
     replay(trace, [_job(work=30_000)], recording, uncapped)
