@@ -42,7 +42,10 @@ object as the replay's), the counts are mapped to nodes without migration
   lost with a pilot: it continues from its checkpoint at the next decision. A fragment that a
   successor supersedes and that left no result is marked lost (:class:`MarkLost`) so that the
   successor takes over from the last checkpoint. Anything else is a failure of the task. When
-  one launcher of several ends alone, the others are stopped.
+  one launcher of several ends alone, the others are stopped. A launcher that never ran (its
+  launch failed: :func:`~parsl_bf.executor.lifecycle.launch_failed`) makes the fragment's end
+  a failure even so, counted against ``max_restarts``: a start that fails again and again (a
+  full disk) fails the task instead of starting it forever.
 - *Pilots*: a pilot that is preempted, cancelled or near its walltime is leaving: its
   fragments checkpoint now and its nodes are not offered again. "Near" is the walltime
   notice: ``walltime_notice_s`` until each task with a fragment on the pilot has stopped
@@ -103,6 +106,7 @@ from .lifecycle import (
     TaskSubmitted,
     Tick,
     fragment_key,
+    launch_failed,
     parse_key,
 )
 
@@ -271,6 +275,7 @@ class Fragment:
     shrink_deadline: float | None = None  # stop it if they have not all left by then
     joining: set[str] = field(default_factory=set)  # joiner launchers of an in-place grow
     grow_deadline: float | None = None  # stop it if it has not grown by then
+    launch_failed: bool = False  # a launcher never ran: its end is a failure, not a stop
 
 
 @dataclass
@@ -694,6 +699,8 @@ class Controller:
         fragment.result = result if result is not None else fragment.result
         fragment.lost |= lost
         fragment.code = fragment.code or code
+        # Its others are then stopped, but that stop does not make the end a clean one.
+        fragment.launch_failed |= not lost and launch_failed(code)
         if fragment.running:
             # A launcher ended alone: the others cannot go on without its ranks.
             self._stop(task_id, generation, "a group ended", now, out)
@@ -733,14 +740,17 @@ class Controller:
         elif status == "done":
             self._resolve(task, result, out)
             self._ended(task, fragment.generation, "done", samples, now, out)
-        elif status == "stopped" or fragment.stop_reason is not None or fragment.lost:
+        elif not fragment.launch_failed and (
+            status == "stopped" or fragment.stop_reason is not None or fragment.lost
+        ):
             if status == "stopped" and fragment.stopped_at is not None and not fragment.lost:
                 task.stops_s.append(now - fragment.stopped_at)
                 del task.stops_s[:-STOPS_KEPT]
             out.append(Note("fragment_stopped", names | {"samples": samples}))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
         elif task.restarts < self.max_restarts:
-            # A crash (a rank killed, out of memory, a node lost): again from the checkpoint.
+            # A crash (a rank killed, out of memory, a node lost, a launch that failed): again
+            # from the checkpoint.
             task.restarts += 1
             task.redo_from = max(task.redo_from or 0, task.samples)
             out.append(

@@ -13,6 +13,17 @@ it returns: fragment ranks started on pilots (``mpiexec … python -m
 parsl_bf.training.worker``, one launcher per pilot joined by the rendezvous), signals, plain
 apps run by :mod:`parsl_bf.executor.runner`, futures set, the event log and ``status.json``.
 
+**Faults of the shell's own I/O** (a full disk). Each command is carried out on its own: one
+that raises is logged and the others are still carried out. A task's future is set even when
+its ``outcome.json`` cannot be written (only a rerun's shortcut is lost), and the event log
+and ``status.json`` drop what they cannot write. A launch that failed here is reported to the
+controller as its processes' exits with
+:data:`~parsl_bf.executor.lifecycle.LAUNCH_FAILED` (its groups already sent are KILLed): a
+fragment restarts from its checkpoint at most ``max_restarts`` times, then fails; a plain app
+fails with the error. So does a plain app whose runner could not write its outcome
+(:func:`~parsl_bf.executor.runner.no_outcome_error`: ``[Errno 28] No space left on device``)
+or which could not be launched on its pilot, rather than running again forever.
+
 Tasks are ordinary Parsl apps. An app whose ``parsl_resource_specification`` has ``work`` is an
 elastic training task: ``task`` names a ``module:function`` returning a
 :class:`~parsl_bf.training.TrainingTask` (called with ``options``), or, without ``task``, the
@@ -24,6 +35,7 @@ run again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -62,6 +74,7 @@ from .channel import PilotServer, write_secret
 from .controller import Controller, ElasticTask, PlainTask
 from .events import EventLog
 from .lifecycle import (
+    LAUNCH_FAILED,
     Command,
     Evaluated,
     Event,
@@ -86,11 +99,12 @@ from .lifecycle import (
     TaskSubmitted,
     Tick,
     fragment_key,
+    launch_failed,
     parse_key,
     plain_key,
 )
 from .ranks import RANKS_KEY, standbys_for
-from .runner import RunnerError, read_outcome
+from .runner import RunnerError, no_outcome_error, read_outcome
 
 __all__ = ["BackfillExecutor", "FragmentFailed", "ELASTIC_KEYS"]
 
@@ -289,6 +303,11 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._reports: dict[str, ReportTail] = {}  # task → its progress.jsonl, read so far
         self._ready: dict[tuple[str, int], Path] = {}  # warm successors' ready files to watch
         self._count = 0
+        # (pilot, process key) of each launch sent while carrying out the current command: a
+        # launch command that fails half-way KILLs these (:meth:`_not_carried_out`)
+        self._sent: list[tuple[str, str]] = []
+        # (task, generation) → why its launch failed here, for the error that fails the task
+        self._launch_errors: dict[tuple[str, int | None], str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.server: PilotServer | None = None
@@ -399,7 +418,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         key = self._key_of(spec, func, args, kwargs) if spec else None
         checkpoints = None if key is None else self.checkpoint_root / key
         directory = TaskDir.of(self.directory, task_id, checkpoints)
-        directory.path.mkdir(parents=True)
+        factory = None  # the app's own function is an elastic task's TrainingTask factory
+        try:
+            directory.path.mkdir(parents=True)
+            if not spec:
+                directory.app_in.write_bytes(pack_apply_message(func, args, kwargs))
+            elif not spec.get("task"):
+                factory = _factory_file(directory, func, args, kwargs)
+        except OSError:  # a full disk: Parsl fails the app, and its retry keeps this key
+            with self._lock:
+                self._keys.discard(key)
+            raise
         future: Future = Future()
         self._submissions[task_id] = _Submission(future, directory, key)
         task: ElasticTask | PlainTask
@@ -426,14 +455,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 work=int(spec["work"]),
                 min_nodes=int(spec.get("min_nodes", 1)),
                 max_nodes=int(spec.get("max_nodes", spec.get("min_nodes", 1))),
-                task=spec.get("task") or _factory_file(directory, func, args, kwargs),
+                task=spec.get("task") or factory,
                 family=spec.get("task") or _code_name(func),
                 options=dict(spec.get("options", {})),
                 scaling={int(k): float(v) for k, v in (spec.get("scaling") or {}).items()},
                 rescale_s=float(spec.get("rescale_s", self.rescale_s)),
             )
         else:
-            directory.app_in.write_bytes(pack_apply_message(func, args, kwargs))
             task = PlainTask(task_id)
         self._arrived(TaskSubmitted(task))
         return future
@@ -531,7 +559,11 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             commands = self.controller.handle(events, now)
             solved = self.controller.solves > solves
         for command in commands:
-            self._carry_out(command)
+            self._sent = []
+            try:
+                self._carry_out(command)
+            except Exception as exc:  # a full disk: the batch's other commands still count
+                self._not_carried_out(command, exc)
         alloc = self.controller.last_allocation
         decided = [c for c in commands if not isinstance(c, Note)]
         if decided or solved or any(c.startswith("pilot") for c in causes):
@@ -574,7 +606,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         log_ = self.event_log
         if isinstance(item, Tick):
             return self._progress_of_live() + self._readiness() + [item]
-        if isinstance(item, FragmentReady):  # seen between ticks (READY_POLL_S)
+        if isinstance(item, FragmentReady | ProcessExited):  # seen between ticks; a failed launch
             return [item]
         if isinstance(item, TaskSubmitted):
             log_.emit(
@@ -613,8 +645,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         if generation is None:  # a plain app: its outcome, if it left one
             try:
                 outcome: Any = read_outcome(sub.directory.app_out)
-            except OSError:
-                outcome = None
+            except OSError:  # None, and it runs again, unless its runner or launch said why
+                error = _no_outcome(item, sub.directory)
+                outcome = None if error is None else (False, error)
             except RunnerError as exc:
                 outcome = (False, exc)
             return [ProcessExited(item.pilot, item.key, item.code, outcome)]
@@ -694,7 +727,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         elif isinstance(command, Resolve):
             sub = self._submissions[command.task]
             if sub.key is not None and command.value.get("status") == "done":
-                write_result(sub.directory.outcome, command.value)  # a rerun skips the task
+                self._save_outcome(command.task, sub.directory.outcome, command.value)
             self._settled(sub)
             if not sub.future.done():
                 sub.future.set_result(command.value)
@@ -708,7 +741,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                         command.generation, 0, "stderr"
                     )
                 )
-                error = FragmentFailed(f"task {command.task}: {error}: {stderr}")
+                why = self._launch_errors.get((command.task, command.generation))
+                launch = f" (its launch failed: {why})" if why else ""
+                error = FragmentFailed(f"task {command.task}: {error}: {stderr}{launch}")
             if not future.done():
                 future.set_exception(error)
         elif isinstance(command, MarkLost):
@@ -716,6 +751,46 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             write_result(directory.result(command.generation), {"status": "lost", "samples": 0})
         elif isinstance(command, Note):
             self.event_log.emit(command.event, **command.fields)
+
+    def _not_carried_out(self, command: Command, exc: Exception) -> None:
+        """A command that raised (a full disk): one log line, and what the controller must
+        know. A launch is reported back as its processes' exits (:data:`LAUNCH_FAILED`), its
+        groups already sent KILLed, so that the controller classifies it as any failed start; a
+        task's future is set whatever else failed with its ``Resolve`` or ``Fail``."""
+        why = f"{type(exc).__name__}: {exc}"
+        log.error("%s: %s not carried out: %s", self.label, _command_label(command), why)
+        with contextlib.suppress(Exception):
+            self.event_log.emit("command_failed", command=_command_label(command), error=why)
+        keys = _launch_keys(command)
+        sent = set(self._sent)
+        if keys and not set(keys) <= sent:  # all sent: launched, whatever failed after
+            self._launch_errors[parse_key(keys[0][1])[:2]] = why
+            for pilot, key in keys:
+                if (pilot, key) in sent:  # waits for peers that will never come
+                    with contextlib.suppress(Exception):
+                        self._send(pilot, {"op": "signal", "key": key, "signal": "KILL"})
+                else:  # a plain app fails with the error; a fragment's start is a failure
+                    result = (False, exc) if isinstance(command, RunPlain) else None
+                    self._arrived(ProcessExited(pilot, key, LAUNCH_FAILED, result))
+        sub = self._submissions.get(getattr(command, "task", ""))
+        if isinstance(command, Resolve | Fail) and sub is not None and not sub.future.done():
+            self._settled(sub)
+            if isinstance(command, Resolve):
+                sub.future.set_result(command.value)
+            else:
+                error = command.error
+                sub.future.set_exception(
+                    error if isinstance(error, BaseException) else FragmentFailed(str(error))
+                )
+
+    def _save_outcome(self, task: str, path: Path, value: dict[str, Any]) -> None:
+        """Write a done task's ``outcome.json``, from which a rerun resolves it without
+        training. Best effort: its future gets its result all the same, and without the file a
+        rerun ends at once from the final checkpoint instead."""
+        try:
+            write_result(path, value)
+        except (OSError, TypeError, ValueError) as exc:
+            log.warning("%s: task %s: outcome not saved to %s: %s", self.label, task, path, exc)
 
     def _settled(self, sub: _Submission) -> None:
         with self._lock:
@@ -879,6 +954,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         if ranks is not None:
             msg[RANKS_KEY] = ranks
         self._send(pilot, msg)
+        self._sent.append((pilot, key))
 
     def _write_status(self) -> None:
         c = self.controller
@@ -978,6 +1054,44 @@ def _command_name(command: Command) -> str:
     return f"{type(command).__name__}:{getattr(command, 'task', None) or command.key}"
 
 
+def _command_label(command: Command) -> str:
+    """A command as a log line names it: its kind, its task, and its fragment or process."""
+    generation = getattr(command, "generation", None)
+    where = f" fragment {generation}" if generation is not None else ""
+    if isinstance(command, Signal):
+        return f"Signal {command.signal} to {command.key} on {command.pilot}"
+    if isinstance(command, Note):
+        return f"Note {command.event}"
+    return f"{type(command).__name__} of task {command.task}{where}"
+
+
+def _launch_keys(command: Command) -> list[tuple[str, str]]:
+    """(pilot, process key) of every process a launch command starts; [] for the others."""
+    if isinstance(command, StartFragment):
+        return [
+            (pilot, fragment_key(command.task, command.generation, g))
+            for g, (pilot, _) in enumerate(command.placement)
+        ]
+    if isinstance(command, GrowFragment):
+        return [
+            (pilot, fragment_key(command.task, command.generation, command.first + i))
+            for i, (pilot, _) in enumerate(command.placement)
+        ]
+    if isinstance(command, RunPlain):
+        return [(command.pilot, plain_key(command.task))]
+    return []
+
+
+def _no_outcome(item: wire.ProcessExited, directory: TaskDir) -> Exception | None:
+    """Why a plain app left no outcome, if its runner or its launch said (None: it was killed,
+    and runs again)."""
+    said = _tail(directory.app_stream("stderr"), 1)
+    said = "" if said == _NO_STDERR else said
+    if launch_failed(item.code):
+        return RunnerError(f"not launched on {item.pilot} (exit {item.code}): {said}")
+    return no_outcome_error(item.code, directory.app_out, said)
+
+
 def _last_rate(task: ElasticTask) -> float | None:
     rates = task.measured.get(len(task.nodes))
     return rates[-1] if rates else None
@@ -1035,4 +1149,7 @@ def _tail(path: Path, lines: int = 5) -> str:
     try:
         return " | ".join(path.read_text().strip().splitlines()[-lines:])
     except OSError:
-        return "(no stderr)"
+        return _NO_STDERR
+
+
+_NO_STDERR = "(no stderr)"

@@ -7,7 +7,8 @@
   launch and signal messages to pilot agents, futures set, files and log lines written.
 - **Process keys**: the agent names each process it runs by the key given at launch:
   ``<task>#<generation>#<group>`` for a fragment's launcher (one per pilot it spans),
-  ``plain#<task>`` for a plain app.
+  ``plain#<task>`` for a plain app. A process whose launch failed, in the agent or in the
+  shell before it was sent, is reported exited with a :func:`launch_failed` code.
 - **The task directory** (:class:`TaskDir`): every file of a task, by name.
 
 Nothing here does I/O; the shell and the controller import the same names.
@@ -46,6 +47,8 @@ __all__ = [
     "fragment_key",
     "plain_key",
     "parse_key",
+    "LAUNCH_FAILED",
+    "launch_failed",
     "TaskDir",
 ]
 
@@ -95,7 +98,8 @@ class ProcessExited:
     fragment's ``result.json`` (a dict, or None if missing) as read when the exit was seen:
     ``status`` ``done``, ``stopped`` or ``error`` (the task's own code raised: ``error`` has
     the traceback); a plain app's ``(ok, value)`` outcome, or None when it left none (killed
-    with its pilot)."""
+    with its pilot), or ``(False, error)`` when it left none and its runner or its launch said
+    why (its outcome could not be written, it could not be launched)."""
 
     pilot: str
     key: str
@@ -304,6 +308,17 @@ def parse_key(key: str) -> tuple[str, int | None, int | None]:
     if len(parts) == 3:
         return parts[0], int(parts[1]), int(parts[2])
     raise ValueError(f"not a process key: {key!r}")
+
+
+#: The exit code of a process that never ran because its launch failed: the agent's (as a shell
+#: says of a command it cannot run; 127: not found) and the shell's, for a launch it could not
+#: carry out (its files could not be written: a full disk). Never the code of a signal.
+LAUNCH_FAILED = 126
+
+
+def launch_failed(code: int) -> bool:
+    """The process never ran: its launch failed (:data:`LAUNCH_FAILED`, or 127: not found)."""
+    return code in (LAUNCH_FAILED, 127)
 
 
 # --- the task directory -----------------------------------------------------------------------

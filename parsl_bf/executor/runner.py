@@ -12,11 +12,17 @@ or as that command when it has no host.
 
 Exit 0 in both cases: the exception travels in the file. Exit 2 on bad input (wrong arguments,
 unreadable ``IN``, a buffer that does not unpack); the message goes to stderr and, when ``OUT``
-can be written, an exception outcome saying the same goes there.
+can be written, an exception outcome saying the same goes there. Exit 3 when the app ran but
+its outcome could not be written to ``OUT``, 4 when that was for want of space (a full disk,
+whose stderr file may not take the message either). The executor fails such an app with
+:func:`no_outcome_error` rather than running it again as if it had been killed: it would find
+the same disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import sys
 import tempfile
@@ -27,9 +33,17 @@ from typing import Any
 from parsl.app.errors import RemoteExceptionWrapper
 from parsl.serialize import deserialize, serialize, unpack_apply_message
 
-__all__ = ["RunnerError", "UnpicklableError", "command", "command_args", "main", "read_outcome"]
+__all__ = [
+    "RunnerError",
+    "UnpicklableError",
+    "command",
+    "command_args",
+    "main",
+    "no_outcome_error",
+    "read_outcome",
+]
 
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_OUTCOME, EXIT_NO_SPACE = 0, 2, 3, 4
 MODULE = "parsl_bf.executor.runner"
 
 
@@ -113,13 +127,32 @@ def read_outcome(path: str | os.PathLike[str]) -> tuple[bool, Any]:
     raise RunnerError(f"{path}: not a runner outcome: {type(outcome).__name__}")
 
 
+def no_outcome_error(code: int, out: str | os.PathLike[str], said: str) -> Exception | None:
+    """What went wrong with an app whose runner exited with ``code`` leaving no outcome in
+    ``out``, as the runner said it (``said``: the last line of its stderr, if any); None when
+    it did not say (a process killed, with its pilot or not)."""
+    if code == EXIT_NO_SPACE:  # its message may be lost with the disk: the code says it all
+        error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out))
+        error.add_note("The app ran, but its outcome could not be written.")
+        return error
+    if code in (EXIT_NO_OUTCOME, EXIT_BAD_INPUT):
+        return RunnerError(f"runner exit {code}, no outcome in {out}: {said or '(no message)'}")
+    return None
+
+
+def _say(message: str) -> None:
+    """A line on stderr, if its file takes it (on a full disk it may not: the code says it)."""
+    with contextlib.suppress(OSError):
+        print(f"parsl-bf runner: {message}", file=sys.stderr, flush=True)
+
+
 def _bad_input(message: str, out: str | None) -> int:
-    print(f"parsl-bf runner: {message}", file=sys.stderr)
+    _say(message)
     if out is not None:
         try:
             _write(out, _exception_outcome(RunnerError(message)))
         except Exception as exc:
-            print(f"parsl-bf runner: cannot write {out}: {exc}", file=sys.stderr)
+            _say(f"cannot write {out}: {exc}")
     return EXIT_BAD_INPUT
 
 
@@ -141,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _write(out, outcome)
     except Exception as exc:
-        print(f"parsl-bf runner: cannot write {out}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        _say(f"cannot write {out}: {exc}")
+        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+        return EXIT_NO_SPACE if full else EXIT_NO_OUTCOME
     return EXIT_OK
 
 
@@ -151,4 +185,10 @@ if __name__ == "__main__":
     # by reference to parsl_bf.executor.runner for the executor to unpickle them.
     from parsl_bf.executor.runner import main as _main
 
-    sys.exit(_main())
+    _code = _main()
+    for _stream in (sys.stdout, sys.stderr):
+        try:
+            _stream.flush()
+        except OSError:  # a full disk: the app's output is lost, but not the code (not 120)
+            os._exit(_code)
+    sys.exit(_code)

@@ -16,6 +16,7 @@ from parsl_bf.executor.controller import (
     PlainTask,
 )
 from parsl_bf.executor.lifecycle import (
+    LAUNCH_FAILED,
     Fail,
     FragmentReady,
     FragmentStarted,
@@ -315,6 +316,69 @@ def test_a_group_that_ends_alone_stops_the_others_and_a_stuck_one_is_killed() ->
     assert not _of(Signal, c.handle([Tick()], NOW + 20))
     out = c.handle([Tick()], NOW + 32)  # blocked on its dead peer: killed
     assert [(s.pilot, s.signal) for s in _of(Signal, out)] == [("p2", "KILL")]
+
+
+def test_a_start_that_cannot_be_launched_fails_the_task_after_max_restarts() -> None:
+    # The shell could not launch group 0 (its files: a full disk) and KILLed group 1, which it
+    # had sent: the exits it reports. The stop of group 1 that the first exit causes does not
+    # make the end a clean stop, which would start the fragment again forever.
+    c = _controller(max_restarts=2)
+    c.handle([TaskSubmitted(_task("a", 2, 2))], NOW)
+    (start,) = c.handle([_up("p1", "n1"), _up("p2", "n2")], NOW)
+    for attempt in (1, 2, 3):
+        first, second = (
+            fragment_key("a", start.generation, g) for g in range(len(start.placement))
+        )
+        out = c.handle([ProcessExited("p1", first, LAUNCH_FAILED, None)], NOW + attempt)
+        assert _terms(out) == {("p2", second)} and not _of(StartFragment, out)
+        out = c.handle([ProcessExited("p2", second, -9, None)], NOW + attempt)
+        if attempt <= 2:
+            assert "fragment_failed" in _notes(out) and not _of(Fail, out)
+            assert c.elastic["a"].restarts == attempt
+            (start,) = _of(StartFragment, out)  # again from the checkpoint
+    (fail,) = _of(Fail, out)
+    assert fail.generation == 3 and f"exit {LAUNCH_FAILED} after 2 restarts" in fail.error
+    assert c.elastic["a"].state == "failed" and not _of(StartFragment, out)
+    assert not _of(StartFragment, c.handle([_up("p3", "n3", "n4")], NOW + 9))
+
+
+def test_a_launch_failed_in_the_agent_counts_as_one_too() -> None:
+    # The agent's own report (127: the program was not found): the same classification, in
+    # one batch with the other group's exit.
+    c = _controller(max_restarts=0)
+    c.handle([TaskSubmitted(_task("a", 2, 2))], NOW)
+    (start,) = c.handle([_up("p1", "n1"), _up("p2", "n2")], NOW)
+    exits = [
+        ProcessExited("p2", fragment_key("a", 1, 1), 127, None),
+        ProcessExited("p1", fragment_key("a", 1, 0), 0, {"status": "stopped", "samples": 0}),
+    ]
+    (fail,) = _of(Fail, c.handle(exits, NOW + 1))
+    assert fail.task == "a" and c.elastic["a"].state == "failed"
+
+
+def test_a_stop_of_a_fragment_that_ran_is_still_no_failure() -> None:
+    # The same exits without a failed launch (a group that ended alone, then the stopped
+    # others): a clean stop, nothing counted.
+    c = _controller(max_restarts=0)
+    c.handle([TaskSubmitted(_task("a", 2, 2))], NOW)
+    c.handle([_up("p1", "n1"), _up("p2", "n2")], NOW)
+    exits = [
+        ProcessExited("p1", fragment_key("a", 1, 0), 0, None),
+        ProcessExited("p2", fragment_key("a", 1, 1), -9, None),
+    ]
+    out = c.handle(exits, NOW + 1)
+    assert not _of(Fail, out) and _of(StartFragment, out) and c.elastic["a"].restarts == 0
+
+
+def test_a_plain_app_that_could_not_be_launched_fails_with_the_error() -> None:
+    # The shell reports a plain app it could not launch with the error as its outcome: the
+    # future fails with it, and the app does not run again (Parsl's retries may).
+    c = _controller()
+    (run,) = c.handle([TaskSubmitted(PlainTask("x")), _up("p1", "n1")], NOW)
+    error = OSError(28, "No space left on device", "app.out")
+    out = c.handle([ProcessExited("p1", plain_key("x"), LAUNCH_FAILED, (False, error))], NOW + 1)
+    assert Fail("x", error) in out and c.plain["x"].state == "done"
+    assert not _of(RunPlain, c.handle([_up("p2", "m1")], NOW + 2))
 
 
 def test_a_pilot_near_its_walltime_is_leaving() -> None:
