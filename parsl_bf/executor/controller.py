@@ -43,9 +43,12 @@ object as the replay's), the counts are mapped to nodes without migration
   successor supersedes and that left no result is marked lost (:class:`MarkLost`) so that the
   successor takes over from the last checkpoint. Anything else is a failure of the task. When
   one launcher of several ends alone, the others are stopped. A launcher that never ran (its
-  launch failed: :func:`~parsl_bf.executor.lifecycle.launch_failed`) makes the fragment's end
-  a failure even so, counted against ``max_restarts``: a start that fails again and again (a
-  full disk) fails the task instead of starting it forever.
+  launch failed: :func:`~parsl_bf.executor.lifecycle.launch_failed`) or that exited non-zero
+  on a pilot that stays before anything asked it to stop (a crashed rank) makes the
+  fragment's end a failure even so, counted against ``max_restarts``: a start or a rank that
+  fails again and again (a full disk, a bad node) fails the task instead of restarting it
+  forever. A plain app that exits without an outcome on a pilot that stays (killed by the
+  kernel, a crash of the interpreter) runs again at most ``max_restarts`` times, then fails.
 - *Pilots*: a pilot that is preempted, cancelled or near its walltime is leaving: its
   fragments checkpoint now and its nodes are not offered again. "Near" is the walltime
   notice: ``walltime_notice_s`` until each task with a fragment on the pilot has stopped
@@ -82,6 +85,7 @@ from typing import Any
 from ..allocation import Allocation, AllocationProblem, AllocatorSettings, TaskSpec, plan
 from .analysis import E_SLACK
 from .lifecycle import (
+    AppCrashed,
     Command,
     Evaluated,
     Event,
@@ -255,6 +259,8 @@ class PlainTask:
     node: Node | None = None
     state: str = "queued"  # queued, running, done
     attempts: int = 0
+    # Times it exited without an outcome on a pilot that stays (not its pilot's end)
+    crashes: int = 0
 
 
 @dataclass
@@ -275,7 +281,10 @@ class Fragment:
     shrink_deadline: float | None = None  # stop it if they have not all left by then
     joining: set[str] = field(default_factory=set)  # joiner launchers of an in-place grow
     grow_deadline: float | None = None  # stop it if it has not grown by then
-    launch_failed: bool = False  # a launcher never ran: its end is a failure, not a stop
+    # A launcher failed on its own (it never ran, or it exited non-zero on a pilot that stays
+    # before anything asked it to stop): the fragment's end is a failure, not a stop, even
+    # though its other launchers were then stopped.
+    failed: bool = False
 
 
 @dataclass
@@ -700,7 +709,8 @@ class Controller:
         fragment.lost |= lost
         fragment.code = fragment.code or code
         # Its others are then stopped, but that stop does not make the end a clean one.
-        fragment.launch_failed |= not lost and launch_failed(code)
+        unasked = fragment.stop_reason is None and not self._leaving(pilot)
+        fragment.failed |= not lost and (launch_failed(code) or (unasked and code != 0))
         if fragment.running:
             # A launcher ended alone: the others cannot go on without its ranks.
             self._stop(task_id, generation, "a group ended", now, out)
@@ -740,7 +750,7 @@ class Controller:
         elif status == "done":
             self._resolve(task, result, out)
             self._ended(task, fragment.generation, "done", samples, now, out)
-        elif not fragment.launch_failed and (
+        elif not fragment.failed and (
             status == "stopped" or fragment.stop_reason is not None or fragment.lost
         ):
             if status == "stopped" and fragment.stopped_at is not None and not fragment.lost:
@@ -834,14 +844,22 @@ class Controller:
     # --- plain tasks ------------------------------------------------------------------------
 
     def _plain_exited(self, task_id: str, event: ProcessExited, out: list[Command]) -> bool:
+        """A plain app's process exited: its outcome sets its future; without one it runs
+        again, unless it died on a pilot that stays more than ``max_restarts`` times."""
         task = self.plain.get(task_id)
         if task is None or task.state != "running" or _split(task.node or "")[0] != event.pilot:
             return False  # a stale report: the task was queued again when its pilot went
         task.node = None
-        if event.result is None:  # killed with its pilot, not by its own error: run it again
+        crashed = event.result is None and not self._leaving(event.pilot)
+        task.crashes += crashed
+        if event.result is None and task.crashes <= self.max_restarts:
+            # Killed with its pilot (not its own error), or not yet crashed too often: again.
             task.state = "queued"
             out.append(Note("task_requeued", {"task": task_id, "code": event.code}))
             return True
+        if event.result is None:  # it keeps dying on pilots that stay: fail, do not loop
+            why = f"exit {event.code} without an outcome, {task.crashes} times on live pilots"
+            event = ProcessExited(event.pilot, event.key, event.code, (False, AppCrashed(why)))
         task.state = "done"
         ok, value = event.result
         out.append(Resolve(task_id, value) if ok else Fail(task_id, value))

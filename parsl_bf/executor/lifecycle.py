@@ -47,6 +47,7 @@ __all__ = [
     "fragment_key",
     "plain_key",
     "parse_key",
+    "AppCrashed",
     "LAUNCH_FAILED",
     "launch_failed",
     "TaskDir",
@@ -256,6 +257,11 @@ class Fail:
     task: str
     error: Any
     generation: int | None = None
+
+
+class AppCrashed(RuntimeError):
+    """A plain app that exited without an outcome on pilots that stayed, again and again
+    (killed by the kernel, a crash of the interpreter): its future fails with this."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from parsl_bf.executor.controller import (
 )
 from parsl_bf.executor.lifecycle import (
     LAUNCH_FAILED,
+    AppCrashed,
     Fail,
     FragmentReady,
     FragmentStarted,
@@ -379,6 +380,59 @@ def test_a_plain_app_that_could_not_be_launched_fails_with_the_error() -> None:
     out = c.handle([ProcessExited("p1", plain_key("x"), LAUNCH_FAILED, (False, error))], NOW + 1)
     assert Fail("x", error) in out and c.plain["x"].state == "done"
     assert not _of(RunPlain, c.handle([_up("p2", "m1")], NOW + 2))
+
+
+def test_a_rank_that_crashes_alone_counts_against_max_restarts() -> None:
+    # Group 0 exits 1 on a pilot that stays, before anything asked it to stop (a crashed rank):
+    # the other group is stopped, and the end is a crash, not a clean stop, though that group
+    # says "stopped". Crashing again and again fails the task instead of restarting forever.
+    c = _controller(max_restarts=1)
+    c.handle([TaskSubmitted(_task("a", 2, 2))], NOW)
+    (start,) = c.handle([_up("p1", "n1"), _up("p2", "n2")], NOW)
+    for attempt in (1, 2):
+        first, second = (
+            fragment_key("a", start.generation, g) for g in range(len(start.placement))
+        )
+        out = c.handle([ProcessExited("p1", first, 1, None)], NOW + attempt)
+        assert _terms(out) == {("p2", second)}
+        stopped = {"status": "stopped", "samples": 100 * attempt}
+        out = c.handle([ProcessExited("p2", second, 0, stopped)], NOW + attempt)
+        if attempt == 1:
+            assert "fragment_failed" in _notes(out) and c.elastic["a"].restarts == 1
+            (start,) = _of(StartFragment, out)  # again from the checkpoint
+    (fail,) = _of(Fail, out)
+    assert "exit 1 after 1 restarts" in fail.error and c.elastic["a"].state == "failed"
+
+
+def test_a_group_that_exits_on_a_leaving_pilot_is_no_crash() -> None:
+    # The ranks on a preempted pilot killed at the end of its grace time: not the task's fault.
+    c = _controller(max_restarts=0)
+    c.handle([TaskSubmitted(_task("a", 2, 2))], NOW)
+    (start,) = c.handle([_up("p1", "n1"), _up("p2", "n2")], NOW)
+    c.handle([PilotLeaving("p1", "preempted")], NOW + 1)
+    exits = [ProcessExited(p, fragment_key("a", 1, g), -9, None)
+             for g, (p, _) in enumerate(start.placement)]  # fmt: skip
+    out = c.handle(exits, NOW + 2)
+    assert not _of(Fail, out) and c.elastic["a"].restarts == 0
+
+
+def test_a_plain_app_that_keeps_dying_on_live_pilots_fails() -> None:
+    # Killed with no outcome on a pilot that stays (the kernel's OOM killer, a crash of the
+    # interpreter): run again max_restarts times, then its future fails. A pilot that leaves
+    # does not count.
+    c = _controller(max_restarts=2)
+    c.handle([TaskSubmitted(PlainTask("x")), _up("p1", "n1")], NOW)
+    c.handle([PilotLeaving("p1", "preempted")], NOW + 1)
+    out = c.handle([ProcessExited("p1", plain_key("x"), -15, None)], NOW + 2)
+    assert "task_requeued" in _notes(out) and c.plain["x"].crashes == 0
+    (run,) = _of(RunPlain, c.handle([_up("p2", "m1")], NOW + 3))
+    for attempt in (1, 2, 3):
+        out = c.handle([ProcessExited("p2", plain_key("x"), -9, None)], NOW + 3 + attempt)
+        if attempt <= 2:
+            assert "task_requeued" in _notes(out) and _of(RunPlain, out)
+    (fail,) = _of(Fail, out)
+    assert isinstance(fail.error, AppCrashed) and "exit -9 without an outcome" in str(fail.error)
+    assert c.plain["x"].state == "done" and c.plain["x"].crashes == 3
 
 
 def test_a_pilot_near_its_walltime_is_leaving() -> None:
