@@ -256,10 +256,12 @@ def main() -> int:
         "favours fast models over node-efficient ones, while E_avail counts node-equivalents "
         "(samples / P(1)); the `speedup` objective maximises exactly that, so it is shown too. "
         "As the executor, the replay re-allocates a job's nodes the second it reaches its work "
-        "and admits a job the second it is submitted into a free slot (task events), and "
-        "counts no gain past a task's remaining work while no job waits for a slot; rows "
-        "marked *original's accounting* do neither, as the original replayer (completions and "
-        "admissions at the trace's next event), to set beside its figures.",
+        "and admits a job the second it is submitted into a free slot (task events), counts "
+        "no gain past a task's remaining work while no job waits for a slot, and charges a "
+        "preemption that leaves a task its min_nodes an in-place shrink (1 s of its training) "
+        "instead of a restart; rows marked *original's accounting* do none of these, as the "
+        "original replayer (completions and admissions at the trace's next event, a restart at "
+        "every preemption), to set beside its figures.",
         "",
         'T_fwd "auto" is chosen from the trace, not by hand: the median length of the holes '
         "(idle intervals that open and close inside the window) of the replayed nodes. A rescale "
