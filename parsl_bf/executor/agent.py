@@ -9,7 +9,8 @@ over CurveZMQ, in a session of its own (see :mod:`parsl_bf.executor.channel`), h
 runs the server's ``launch``, ``signal`` and ``shutdown`` commands, reporting each launched
 process's exit. A SIGTERM or SIGUSR1 is a preemption: the grace time has begun. The agent
 reports it at once, forwards SIGTERM to every launched process group (training ranks checkpoint
-on it), reports their exits, says ``bye`` and exits 0 once they are gone.
+on it, or leave their fragment in place when it trains on elsewhere: ``--leave-min``), reports
+their exits, says ``bye`` and exits 0 once they are gone.
 
 The driver pings every few seconds. When nothing valid has come from it for ``silence_s`` (from
 the welcome; 8 s by default) the agent logs ``driver silent``, TERMs every process group it
