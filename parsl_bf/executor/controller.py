@@ -850,8 +850,7 @@ class Controller:
         if task is None or task.state != "running" or _split(task.node or "")[0] != event.pilot:
             return False  # a stale report: the task was queued again when its pilot went
         task.node = None
-        crashed = event.result is None and not self._leaving(event.pilot)
-        task.crashes += crashed
+        task.crashes += event.result is None and not self._leaving(event.pilot)
         if event.result is None and task.crashes <= self.max_restarts:
             # Killed with its pilot (not its own error), or not yet crashed too often: again.
             task.state = "queued"
@@ -859,9 +858,10 @@ class Controller:
             return True
         if event.result is None:  # it keeps dying on pilots that stay: fail, do not loop
             why = f"exit {event.code} without an outcome, {task.crashes} times on live pilots"
-            event = ProcessExited(event.pilot, event.key, event.code, (False, AppCrashed(why)))
+            ok, value = False, AppCrashed(why)
+        else:
+            ok, value = event.result
         task.state = "done"
-        ok, value = event.result
         out.append(Resolve(task_id, value) if ok else Fail(task_id, value))
         out.append(Note("task_done", {"task": task_id, "ok": ok}))
         return True

@@ -89,8 +89,8 @@ class ReplayConfig:
     restart_once: bool = True
     # Seconds of training a task pays (S·P(c)) when it loses nodes to preemption and at least
     # its ``min_nodes`` stay: the preempted ranks leave in place and the others train on, as
-    # in the executor (``shrink_in_place``; a ResNet-18 shrink in place measured 0.4 s, and 1 s
-    # leaves room for the step the leaving ranks finish). Fewer left: it restarts, R_down·P(c).
+    # in the executor (``shrink_in_place``; a ResNet-18 shrink in place measured 0.4 s; 1 s is
+    # that with a margin). Fewer left: it restarts, R_down·P(c).
     # None: every preemption restarts the task, as in the original replayer.
     preemption_shrink_s: float | None = 1.0
 
