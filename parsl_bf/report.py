@@ -252,6 +252,8 @@ def _status_section(snapshot: dict[str, Any]) -> list[str]:
         ]
         if acc.get("suspect"):
             out += [f"**Not a result:** {acc['suspect']}.", ""]
+        if acc.get("noise"):
+            out += [f"**Not an efficiency above 1:** {acc['noise']}.", ""]
     if snapshot.get("pilots"):
         out += [markdown_table(snapshot["pilots"], ["pilot", "nodes", "ends_in_s", "leaving"]), ""]
     if snapshot.get("tasks"):

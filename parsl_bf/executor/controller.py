@@ -889,7 +889,8 @@ class Controller:
         reports, which follows the rate of the moment). Where nodes share cores (the
         emulation) a task's rate moves with the load, and its latest rates did not describe
         the whole run: E_used came out at 1.07. A figure above 1 + :data:`E_SLACK` cannot be
-        true, and ``suspect`` says so."""
+        true, and ``suspect`` says so; one above 1 by less is that noise, and ``noise`` says
+        to read it as 1."""
         work = 0.0
         for task in self.elastic.values():
             if task.one_node_s > 0 and task.samples:
@@ -902,9 +903,15 @@ class Controller:
             "offered_node_s": off,
             "used_node_s": used,
         }
-        over = [k for k in ("util", "E_used", "E_avail") if (out[k] or 0) > 1 + E_SLACK]
+        above = [k for k in ("util", "E_used", "E_avail") if (out[k] or 0) > 1]
+        over = [k for k in above if out[k] > 1 + E_SLACK]
         if over:
             out["suspect"] = f"{', '.join(over)} above 1: not a measurement of this run"
+        if near := [k for k in above if k not in over]:
+            out["noise"] = (
+                f"{', '.join(near)} above 1 by at most {E_SLACK}: the noise of the one-node "
+                "rate, to be read as 1"
+            )
         return out
 
     # --- the decision -----------------------------------------------------------------------

@@ -236,9 +236,11 @@ def test_report_marks_an_impossible_efficiency_as_not_a_result(tmp_path: Path) -
         accounting = {"util": 0.6, "E_used": e_used, "E_avail": 0.4}
         if e_used > 1.02:  # as the controller marks it
             accounting["suspect"] = "E_used above 1: not a measurement of this run"
+        elif e_used > 1:
+            accounting["noise"] = "E_used above 1 by at most 0.02: the noise of the one-node rate"
         return {"label": "bf", "path": "status.json", "accounting": accounting}
 
-    for e_used, marked in ((0.71, False), (1.065, True)):
+    for e_used, marked in ((0.71, False), (1.065, True), (1.003, False)):
         write_report(
             tmp_path, workflow="wf.py", command="c", config="c.yaml", started="s",
             elapsed_s=1.0, run_dirs=[], summary=None, tasks=[], samples=[],
@@ -247,6 +249,7 @@ def test_report_marks_an_impossible_efficiency_as_not_a_result(tmp_path: Path) -
         md = (tmp_path / "report.md").read_text()
         assert f"E_used {e_used}" in md
         assert ("**Not a result:** E_used above 1" in md) is marked
+        assert ("**Not an efficiency above 1:** E_used" in md) is (1 < e_used <= 1.02)
 
 
 # --- the progress thread --------------------------------------------------------------------

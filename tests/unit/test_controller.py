@@ -571,7 +571,14 @@ def test_an_efficiency_above_one_is_marked_not_a_result() -> None:
     c.handle([Rescaled("a", 0.5, in_place="grow")], NOW + 10)
     c.handle([Progress("a", 2, 200.0, 1000)], NOW + 12)
     acc = c.efficiency()
-    assert acc["E_used"] > 1.02 and "E_used" in acc["suspect"]
+    assert acc["E_used"] > 1.02 and "E_used" in acc["suspect"] and "noise" not in acc
+    # Above 1 by less than E_SLACK: the same noise, marked to be read as 1 (the node-seconds
+    # set as if every offered one had been used for 1,000 samples / 1.01).
+    c.used_node_s = c.offered_node_s = acc["E_used"] * acc["used_node_s"] / 1.01
+    acc = c.efficiency()
+    assert acc["util"] == 1 and acc["E_used"] == acc["E_avail"] == pytest.approx(1.01)
+    assert "suspect" not in acc
+    assert acc["noise"].startswith("E_used, E_avail above 1 by at most 0.02")
 
 
 def test_a_node_about_to_leave_is_not_moved_to_another_task() -> None:
