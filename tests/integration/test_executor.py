@@ -187,11 +187,17 @@ def test_a_task_that_stopped_before_gets_a_walltime_notice_of_its_own(tmp_path, 
     assert ends_at[second["pilot"]] - second["t"] < notice
 
 
-def test_a_pilot_at_its_walltime_gives_its_ranks_back_in_place(tmp_path, monkeypatch):
-    """Known holes on two nodes, half a cycle apart: node1's first hole ends at 47.5 s, node0's
-    at 100 s. A task that scales (its step waits for its share) spans both pilots; at node1's
-    walltime its rank there leaves and the rank on node0 trains on in the same fragment, with
-    no stop and no restart."""
+@pytest.mark.parametrize(
+    ("known_holes", "reason"),
+    [(True, "walltime"), (False, "preempted")],
+    ids=["walltime", "preempted"],
+)
+def test_a_leaving_pilot_gives_its_ranks_back_in_place(tmp_path, monkeypatch, known_holes, reason):
+    """Two nodes, half a cycle apart: node1's first hole ends at 47.5 s, node0's at 100 s.
+    With known holes each pilot's walltime is its hole; without, pilots ask for the most
+    walltime and a main job preempts them at the hole's end. A task that scales (its step
+    waits for its share) spans both pilots; when node1's pilot leaves, its rank there leaves
+    and the rank on node0 trains on in the same fragment, with no stop and no restart."""
     import parsl
     from parsl.config import Config
 
@@ -203,7 +209,7 @@ def test_a_pilot_at_its_walltime_gives_its_ranks_back_in_place(tmp_path, monkeyp
         time_scale=1,
         idle_s=100,
         busy_s=5,
-        known_holes=True,
+        known_holes=known_holes,
         max_nodes=1,
         min_walltime="00:00:05",
         max_walltime="00:30:00",
@@ -226,61 +232,16 @@ def test_a_pilot_at_its_walltime_gives_its_ranks_back_in_place(tmp_path, monkeyp
         progress = TaskDir.of(executor.directory, task).progress
         until(lambda: any(r["event"] == "shrunk" for r in read_reports(progress)), 60,
               "the kept rank never stepped at the new size")  # fmt: skip
-    (shrink,) = [e for e in seen("fragment_shrink") if e.get("reason") == "walltime"]
-    (shrunk,) = seen("fragment_shrunk")
-    assert (shrunk["generation"], shrunk["nodes"]) == (shrink["generation"], 1)
-    stops = [e for e in seen("fragment_stop") if e["generation"] == shrink["generation"]]
-    assert all(e["t"] > shrunk["t"] for e in stops)  # only the end of the test stopped it
-
-
-def test_a_preempted_pilots_ranks_leave_in_place_and_the_rest_train_on(tmp_path, monkeypatch):
-    """Two nodes, half a cycle apart, pilots asking for the most walltime: a main job takes
-    node1 back at 47.5 s, node0 at 100 s. A task that scales spans both pilots; at node1's
-    preemption its rank there leaves and the rank on node0 trains on in the same fragment,
-    with no stop and no restart."""
-    import parsl
-    from parsl.config import Config
-
-    from parsl_bf.executor import elastic_app
-
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    provider = LocalBackfillProvider(
-        nodes=2,
-        time_scale=1,
-        idle_s=100,
-        busy_s=5,
-        known_holes=False,
-        max_nodes=1,
-        min_walltime="00:00:05",
-        max_walltime="00:30:00",
-        grace_s=5,
-        max_blocks=2,
-    )
-    executor = BackfillExecutor(
-        label="bf", provider=provider, allocator={"tfwd": 600}, min_node_life_s=0
-    )
-    config = Config(executors=[executor], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
-    train = elastic_app("tests.training_tasks:paced_digits", work=10**9, max_nodes=2)
-
-    def seen(kind: str) -> list[dict]:
-        return [e for e in _events(executor) if e["event"] == kind]
-
-    with parsl.load(config):
-        train(lr=0.05, width=8, global_batch=BATCH)
-        until(lambda: seen("fragment_shrunk"), 300, "no fragment gave a preempted pilot back")
-        (task,) = executor.controller.elastic
-        progress = TaskDir.of(executor.directory, task).progress
-        until(lambda: any(r["event"] == "shrunk" for r in read_reports(progress)), 60,
-              "the kept rank never stepped at the new size")  # fmt: skip
         preempted = [p for p in provider.pilots.values() if p.reason == "preempted"]
-    (shrink,) = [e for e in seen("fragment_shrink") if e.get("reason") == "preempted"]
+    (shrink,) = [e for e in seen("fragment_shrink") if e.get("reason") == reason]
     (shrunk,) = seen("fragment_shrunk")
     assert (shrunk["generation"], shrunk["nodes"]) == (shrink["generation"], 1)
-    assert len(preempted) == 1 and executor.preemptions == 1
     stops = [e for e in seen("fragment_stop") if e["generation"] == shrink["generation"]]
     assert all(e["t"] > shrunk["t"] for e in stops)  # only the end of the test stopped it
     starts = [r for r in read_reports(progress) if r["event"] == "start"]
     assert len(starts) == 1  # the same processes throughout: no restart
+    if reason == "preempted":
+        assert len(preempted) == 1 and executor.preemptions == 1
 
 
 def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, **options):
