@@ -465,9 +465,9 @@ class Controller:
         their next step on their own (:class:`~parsl_bf.training.trainer.ElasticTrainer`):
         the shrink asked here is the same one, and whichever comes first is done. A pilot
         gone took its ranks with it: their fragment stops."""
+        in_place = reason in IN_PLACE_REASONS
         for task in self.elastic.values():
             hit = task.state == "running" and any(_split(n)[0] == pilot for n in task.nodes)
-            in_place = reason in IN_PLACE_REASONS
             if hit and in_place and self._shrink_off(task, reason, now, out):
                 continue
             if hit:

@@ -268,10 +268,10 @@ def replay(
         for slot in owner[gone][owner[gone] >= 0].tolist():
             hit[slot] = hit.get(slot, 0) + 1
         lost = set(gone.tolist())
+        shrink_s = config.preemption_shrink_s
         for slot in hit:
             task = by_slot[slot]
             stay = [x for x in task.nodes if x not in lost]
-            shrink_s = config.preemption_shrink_s
             in_place = shrink_s is not None and len(stay) >= max(1, task.job.min_nodes)
             charge = (shrink_s if in_place else task.job.rescale_down_s) * task.rate
             task.samples -= charge
