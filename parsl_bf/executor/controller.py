@@ -34,7 +34,9 @@ object as the replay's), the counts are mapped to nodes without migration
   new placement groups of the same fragment); once they are set up the shell writes the grow
   request, and at its next step the fragment takes them in and sends them its state. Not
   done by ``handover_timeout_s`` (a joiner that failed, a grow the trainer refused), the
-  fragment stops and starts again at the new size.
+  fragment stops and starts again at the new size. Nodes another task gives back at the
+  same decision are busy until its ranks there have left: the grow waits for them (their
+  exit brings a decision) while the fragment trains on, instead of stopping to start again.
 - *Stop*: ``TERM`` to each of the fragment's launchers; ``KILL`` to what is left after
   ``stop_grace_s`` (ranks blocked on a peer that died with its pilot).
 - *Exit classification*, when a fragment's last process has exited: its result says ``done``
@@ -1069,6 +1071,11 @@ class Controller:
                     names = {"task": task.id, "generation": task.generation}
                     out += [grow, Note("fragment_grow", names | {"nodes": len(task.nodes)})]
                     continue
+            grows = added and set(task.nodes) <= set(step.nodes)
+            if running and self.grow_in_place and grows and not added <= available:
+                # Onto nodes another task gives back now: they are busy until its ranks there
+                # have left. Grow in place at the decision after, rather than stop and restart.
+                continue
             if running and step.nodes and self.warm_rescale and added <= available:
                 old = task.previous = (task.generation, task.nodes)
                 out.append(self._start(task, step.nodes, after=old[0]))

@@ -1078,3 +1078,32 @@ def test_a_grow_is_not_done_in_place_when_it_is_off() -> None:
     out = c.handle([_up("p2", "n2", ends_at=NOW + 1000)], NOW + 1)
     assert not _of(GrowFragment, out)
     assert [s.after for s in _of(StartFragment, out)] == [1]  # a warm hand-over instead
+
+
+def test_a_grow_onto_nodes_given_back_now_waits_for_them_and_is_done_in_place() -> None:
+    # a (poor scaling) holds p1 and p2, b (1 node) p3. Once b's curve says it scales, a gives
+    # one node back in place and b grows onto it: b trains on while a's rank there leaves,
+    # and grows in place once that node is free, rather than stopping to start again.
+    c = _controller(shrink_in_place=True, grow_in_place=True)
+    a = ElasticTask("a", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    a.scaling = {1: 100.0, 2: 110.0}
+    ups = [_up("p1", "n1", ends_at=NOW + 2000), _up("p2", "n2", ends_at=NOW + 1000)]
+    (start_a,) = _of(StartFragment, c.handle([TaskSubmitted(a), *ups], NOW))
+    b = ElasticTask("b", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    b.scaling = {1: 100.0, 2: 105.0}
+    (start_b,) = _of(StartFragment, c.handle([TaskSubmitted(b), _up("p3", "n3")], NOW + 1))
+    assert (start_b.task, _nodes(start_b)) == ("b", ["p3/n3"])
+    b.scaling[2] = 200.0  # its curve, as learned from its steps
+    # Any decision now moves a node: a task that needs more nodes than exist brings one.
+    out = c.handle([TaskSubmitted(_task("c", 9, 9))], NOW + 2)
+    (shrink,) = _of(ShrinkFragment, out)
+    assert shrink.task == "a" and c.elastic["a"].releasing == ("p2/n2",)
+    assert not _terms(out) and not _of(StartFragment, out) and not _of(GrowFragment, out)
+    assert c.elastic["b"].state == "running" and c.elastic["b"].nodes == ("p3/n3",)
+    # a's rank on p2 has left: its node is free, and b grows onto it in place.
+    (g,) = [g for g, (pilot, _) in enumerate(start_a.placement) if pilot == "p2"]
+    out = c.handle([ProcessExited("p2", fragment_key("a", 1, g), 0, None)], NOW + 3)
+    (grow,) = _of(GrowFragment, out)
+    assert (grow.task, grow.generation, grow.placement) == ("b", 1, (("p2", ("n2",)),))
+    assert not _terms(out) and not _of(StartFragment, out)
+    assert set(c.elastic["b"].nodes) == {"p3/n3", "p2/n2"}
