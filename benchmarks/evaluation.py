@@ -258,10 +258,11 @@ def main() -> int:
         "As the executor, the replay re-allocates a job's nodes the second it reaches its work "
         "and admits a job the second it is submitted into a free slot (task events), counts "
         "no gain past a task's remaining work while no job waits for a slot, and charges a "
-        "preemption that leaves a task its min_nodes an in-place shrink (1 s of its training) "
-        "instead of a restart; rows marked *original's accounting* do none of these, as the "
-        "original replayer (completions and admissions at the trace's next event, a restart at "
-        "every preemption), to set beside its figures.",
+        "preemption that leaves a task its min_nodes, and a running task's planned shrink or "
+        "grow, a rescale in place (1 s of its training) instead of a restart; rows marked "
+        "*original's accounting* do none of these, as the original replayer (completions and "
+        "admissions at the trace's next event, a restart at every preemption and rescale), to "
+        "set beside its figures.",
         "",
         'T_fwd "auto" is chosen from the trace, not by hand: the median length of the holes '
         "(idle intervals that open and close inside the window) of the replayed nodes. A rescale "

@@ -42,6 +42,7 @@ from parsl_bf.allocation import Objective  # noqa: E402
 from parsl_bf.allocation.policy import AllocatorSettings  # noqa: E402
 from parsl_bf.replay import default_data_dir, load_job_set  # noqa: E402
 from parsl_bf.replay.bound import efficiency_ceiling, violation  # noqa: E402
+from parsl_bf.replay.cli import seconds_or_none  # noqa: E402
 from parsl_bf.replay.policies import make_policy  # noqa: E402
 from parsl_bf.replay.simulator import ReplayConfig, replay  # noqa: E402
 from parsl_bf.replay.trace import load_trace  # noqa: E402
@@ -137,11 +138,15 @@ def run(
     tfwd: str | float,
     bound: bool,
     free_rescales: bool = False,
-    preemption_shrink_s: float | None = ReplayConfig.preemption_shrink_s,
+    costs: tuple[float | None, float | None] = (
+        ReplayConfig.preemption_shrink_s,
+        ReplayConfig.rescale_in_place_s,
+    ),
 ) -> dict:
     """One replay of ``fold``; ``bound``: also solve its E_avail bound (once per fold);
     ``free_rescales``: every job's R_up and R_down set to 0 (benchmarks/bound_gap.py);
-    ``preemption_shrink_s``: ReplayConfig's (None: every preemption restarts its task)."""
+    ``costs``: ReplayConfig's ``preemption_shrink_s`` and ``rescale_in_place_s`` (None: every
+    preemption, or every planned rescale, restarts its task)."""
     trace = _trace(fold.nodes)
     jobs = _jobs(fold.jobs, fold.start_s, objective == "balanced-speedup")
     if free_rescales:
@@ -156,7 +161,8 @@ def run(
         cap_at_remaining_work=objective != "speedup_balanced-uncapped",
         start_s=fold.start_s,
         end_s=end,
-        preemption_shrink_s=preemption_shrink_s,
+        preemption_shrink_s=costs[0],
+        rescale_in_place_s=costs[1],
         **({} if bound else {"bound_buckets": 0}),
     )
     began = time.perf_counter()
@@ -291,17 +297,23 @@ def main() -> int:
     )
     ap.add_argument(
         "--preemption-shrink-s",
-        default=str(ReplayConfig.preemption_shrink_s),
+        type=seconds_or_none,
+        default=ReplayConfig.preemption_shrink_s,
         help="what a preemption costs a task whose min_nodes stay, in seconds of its training "
-        "(ReplayConfig.preemption_shrink_s; 'none': every preemption restarts its task, the "
+        "(ReplayConfig.preemption_shrink_s; none: every preemption restarts its task, the "
         "accounting before in-place shrinks at preemption; default %(default)s)",
+    )
+    ap.add_argument(
+        "--rescale-in-place-s",
+        type=seconds_or_none,
+        default=ReplayConfig.rescale_in_place_s,
+        help="what a planned rescale done in place costs a running task, in seconds of its "
+        "training (ReplayConfig.rescale_in_place_s; none: every planned rescale restarts its "
+        "task, the accounting before in-place rescales; default %(default)s)",
     )
     args = ap.parse_args()
     folds = make_folds(args.quick)
-    try:
-        shrink_s = None if args.preemption_shrink_s == "none" else float(args.preemption_shrink_s)
-    except ValueError:
-        ap.error(f"--preemption-shrink-s: {args.preemption_shrink_s!r}: seconds or none")
+    costs = (args.preemption_shrink_s, args.rescale_in_place_s)
     try:
         rules = [x if x == "auto" else int(x) for x in args.tfwd_rules.split(",")]
     except ValueError:
@@ -326,9 +338,9 @@ def main() -> int:
         base, records, wall = saved["base"], saved["records"], saved["wall_s"]
     else:
         with ProcessPoolExecutor(args.workers) as pool:
-            equal = [(f, "equal-share", "throughput", 10, True, False, shrink_s) for f in folds]
+            equal = [(f, "equal-share", "throughput", 10, True, False, costs) for f in folds]
             base = list(pool.map(_run, equal))
-            jobs = [(f, "milp", o, t, False, False, shrink_s) for f in folds for o, t in grid]
+            jobs = [(f, "milp", o, t, False, False, costs) for f in folds for o, t in grid]
             records = list(pool.map(_run, jobs))
         wall = time.perf_counter() - began
     if args.save:
@@ -527,7 +539,8 @@ def main() -> int:
         json.dumps(
             {
                 "mode": mode,
-                "preemption_shrink_s": shrink_s,
+                "preemption_shrink_s": costs[0],
+                "rescale_in_place_s": costs[1],
                 "chosen": {"objective": objective, "tfwd": tfwd} if chosen else None,
                 "current_default": current,
                 "chosen_mean": statistics.fmean(scores[chosen].values()) if chosen else None,

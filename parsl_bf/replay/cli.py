@@ -53,12 +53,23 @@ def _accuracy(text: str) -> tuple[float, float]:
     return low, high
 
 
+def seconds_or_none(text: str) -> float | None:
+    """``1.5`` → 1.5; ``none`` → None (the original replayer's restart): seconds >= 0."""
+    if text == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds >= 0, or none")
+    return value
+
+
 def _flag_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the numeric flags, if anything."""
     if not 0 <= args.announced <= 1:
         return f"--announced: expected 0 to 1, got {args.announced}"
-    if not 0 <= args.preemption_shrink_s < math.inf:
-        return f"--preemption-shrink-s: expected seconds >= 0, got {args.preemption_shrink_s}"
     bounds = [
         ("--swf-nodes", args.swf_nodes, 1, MAX_NODES),
         ("--procs-per-node", args.procs_per_node, 1, 10**6),
@@ -113,22 +124,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--preemption-shrink-s",
-        type=float,
+        type=seconds_or_none,
         default=ReplayConfig.preemption_shrink_s,
         metavar="S",
         help="what a preemption costs a task whose min_nodes stay, in seconds of its training "
         "(S·P(c)): the preempted ranks leave in place and the others train on, as in the "
-        "executor (default %(default)s; --original-accounting: every preemption restarts)",
+        "executor (default %(default)s; none: every preemption restarts its task)",
+    )
+    p.add_argument(
+        "--rescale-in-place-s",
+        type=seconds_or_none,
+        default=ReplayConfig.rescale_in_place_s,
+        metavar="S",
+        help="what a planned rescale done in place costs a running task, in seconds of its "
+        "training (S·P(c)): a shrink that keeps nodes, a grow onto nodes free before the "
+        "decision, as in the executor (default %(default)s; none: every planned rescale "
+        "costs the job's R_up or R_down)",
     )
     p.add_argument(
         "--original-accounting",
         action="store_true",
         help="find completions and admit jobs at the trace's events only, never cap a "
         "task's gain at its remaining work, restart a task at every preemption and charge its "
-        "rescale apart from it, as the original replayer (default: a completion and a "
+        "rescale apart from it, and charge every planned rescale R_up or R_down, as the "
+        "original replayer (default: a completion and a "
         "submission into a free slot are events of their own, a preempted task whose "
-        "min_nodes stay shrinks in place, and one that restarts does so once, as in the "
-        "executor; docs/replay.md)",
+        "min_nodes stay shrinks in place, one that restarts does so once, and planned "
+        "rescales are done in place where the executor does them so; docs/replay.md)",
     )
     p.add_argument(
         "--hole-plan",
@@ -268,7 +290,13 @@ def run(args: argparse.Namespace) -> int:
         end_s=end,
         charge_starts=args.charge_starts,
         holes=HoleForecast(*args.hole_plan, args.announced) if args.hole_plan else None,
-        **({"preemption_shrink_s": args.preemption_shrink_s} | accounting),
+        **(
+            {
+                "preemption_shrink_s": args.preemption_shrink_s,
+                "rescale_in_place_s": args.rescale_in_place_s,
+            }
+            | accounting
+        ),
     )
     update, finish = _progress(end, args.start)
     began = time.perf_counter()
@@ -287,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
         "max_jobs": args.max_jobs,
         "charge_starts": args.charge_starts,
         "preemption_shrink_s": config.preemption_shrink_s,
+        "rescale_in_place_s": config.rescale_in_place_s,
         "accounting": "original" if args.original_accounting else "executor",
         "hole_ends": config.holes.describe() if config.holes else "tfwd",
         "start_s": args.start,

@@ -3,17 +3,20 @@
 At every trace time some nodes change state. Between two events a task progresses
 Δt·P(n) samples, minus the rescale charge R_up·P(c) or R_down·P(c) of the event at which its
 count changed from c to n (with ``charge_starts``, a start from c = 0 is charged R_up·P(n), or
-the job's own start cost ``Job.start_s``·P(n) where it has one);
-a task that loses nodes to preemption is charged once per event: S·P(c) when at least its
-``min_nodes`` stay, which train on in place while the preempted ranks leave, as in the executor
-(``preemption_shrink_s`` = S); else R_down·P(c), and it restarts once there: a rescale at that
-event is part of it (``restart_once``). Tasks are admitted
-first come first served, at most ``max_jobs`` at a time, and end the second their samples reach
-their work. As in the executor, that second is an event of its own, and so is a job's submission
-while a slot is free (``task_events``; False: both wait for the trace's next event, as in the
-original). The allocation itself is the policy's (the same
-code the executor runs); nodes are mapped with :func:`~parsl_bf.allocation.plan`, so a node is
-never moved between tasks that keep running.
+the job's own start cost ``Job.start_s``·P(n) where it has one). A planned rescale that the
+executor does in place costs S_r·P(c) instead (``rescale_in_place_s`` = S_r): a running task's
+shrink that keeps nodes, and its grow; a grow onto nodes another task gives back at the same
+event waits for them at its old rate (S_r for a shrink in place, the giver's R_down for a
+stop), as the executor's grow waits for their ranks to leave. A task that loses nodes to
+preemption is charged once per event: S·P(c) when at least its ``min_nodes`` stay, which train
+on in place while the preempted ranks leave, as in the executor (``preemption_shrink_s`` = S);
+else R_down·P(c), and it restarts once there: a rescale at that event is part of it
+(``restart_once``). Tasks are admitted first come first served, at most ``max_jobs`` at a time,
+and end the second their samples reach their work. As in the executor, that second is an event
+of its own, and so is a job's submission while a slot is free (``task_events``; False: both
+wait for the trace's next event, as in the original). The allocation itself is the policy's
+(the same code the executor runs); nodes are mapped with :func:`~parsl_bf.allocation.plan`,
+so a node is never moved between tasks that keep running.
 
 Every replay also reports ``E_avail_bound``, the clairvoyant upper bound of
 :mod:`parsl_bf.replay.bound` on the same instance (the window, the jobs), and
@@ -93,16 +96,27 @@ class ReplayConfig:
     # that with a margin). Fewer left: it restarts, R_down·P(c).
     # None: every preemption restarts the task, as in the original replayer.
     preemption_shrink_s: float | None = 1.0
+    # Seconds of training a planned rescale of a running task pays (·P(c)) when the executor
+    # does it in place (``shrink_in_place``, ``grow_in_place``): a shrink that keeps nodes, or
+    # a grow whose added nodes were all free before the decision. A grow onto nodes another
+    # task gives back at the same decision stops the task and starts it again at the new size
+    # in the executor, so it pays R_up·P(c). The allocator sees this cost for both directions,
+    # as the executor's sees its measured in-place costs. (Measured for a ResNet-18: shrink
+    # 0.43 s, grow 0.56 s, docs/training.md; 1 s is that with a margin.) None: every planned
+    # rescale pays R_up·P(c) or R_down·P(c), as in the original replayer.
+    rescale_in_place_s: float | None = 1.0
 
 
 #: The ReplayConfig fields that replay the original replayer's way: completions and admissions
 #: at the trace's events only, no gain ever capped at a task's remaining work, every preemption
-#: a restart, and a preempted task's rescale at the same event charged apart from it.
+#: a restart, a preempted task's rescale at the same event charged apart from it, and every
+#: planned rescale a restart.
 ORIGINAL_ACCOUNTING = {
     "task_events": False,
     "cap_at_remaining_work": False,
     "restart_once": False,
     "preemption_shrink_s": None,
+    "rescale_in_place_s": None,
 }
 
 
@@ -188,6 +202,10 @@ def replay(
     # The same charges in node-equivalents (samples / P_j(1)), E_avail's numerator.
     rescale_norm = preemption_norm = 0.0
     rescales = preemptions = events = 0
+    # Rescales by kind (start, stop, grow or shrink, in place or restarting): count, and
+    # their charges in E_avail's numerator units.
+    kinds: dict[str, list[float]] = {}
+    hits: dict[str, list[float]] = {}  # the same for preempted tasks, by what they did
     t_prev = config.start_s
     t_end = end
 
@@ -239,6 +257,7 @@ def replay(
             else:
                 return
 
+    shrink_s, in_place_s = config.preemption_shrink_s, config.rescale_in_place_s
     for t, changed, now_idle in event_times():
         events += 1
         dt = t - t_prev
@@ -268,7 +287,6 @@ def replay(
         for slot in owner[gone][owner[gone] >= 0].tolist():
             hit[slot] = hit.get(slot, 0) + 1
         lost = set(gone.tolist())
-        shrink_s = config.preemption_shrink_s
         for slot in hit:
             task = by_slot[slot]
             stay = [x for x in task.nodes if x not in lost]
@@ -277,6 +295,10 @@ def replay(
             task.samples -= charge
             preemption_loss += charge
             preemption_norm += charge / task.job.p1
+            how = "in_place" if in_place else "restart_some_stay" if stay else "restart_none_stay"
+            hits.setdefault(how, [0, 0.0])
+            hits[how][0] += 1
+            hits[how][1] += charge / task.job.p1
             if config.restart_once and not in_place:
                 restarts[task.job.id] = charge
             task.nodes = stay
@@ -316,10 +338,11 @@ def replay(
             # events that only move such nodes give the same problem and need no solve.
             problem = AllocationProblem(
                 tasks=[
-                    _restarting(
+                    _as_seen(
                         x.job.task(len(x.nodes), x.job.work - x.samples if uses_work else None),
                         restarts.get(x.job.id),
                         x.rate,
+                        config.rescale_in_place_s,
                     )
                     for x in active
                 ],
@@ -344,8 +367,15 @@ def replay(
                     mine = [x for nodes in current.values() for x in nodes]
                     value = {x: float(life[x]) for x in [*mine, *free_nodes.tolist()]}
                 node_plan = plan(counts, current, free_nodes.tolist(), node_value=value)
-                for task in active:  # releases first: another task may take these nodes
-                    owner[list(node_plan.tasks[task.job.id].release)] = FREE
+                # Releases first: another task may take these nodes, once they are free:
+                # seconds from now, by node (a shrink in place, else a stop).
+                freed_in: dict[int, float] = {}
+                for task in active:
+                    step = node_plan.tasks[task.job.id]
+                    owner[list(step.release)] = FREE
+                    in_place = in_place_s is not None and task.job.id not in restarts
+                    wait = in_place_s if in_place and step.nodes else task.job.rescale_down_s
+                    freed_in |= dict.fromkeys(step.release, wait)
                 for task in active:
                     step = node_plan.tasks[task.job.id]
                     c, n = len(task.nodes), len(step.nodes)
@@ -354,15 +384,29 @@ def replay(
                     n_rescales += 1
                     cost = task.job.rescale_up_s if n > c else task.job.rescale_down_s
                     rate = task.rate
+                    # As the executor: a running task that keeps nodes shrinks in place, and
+                    # one that grows grows in place, once the nodes it takes are free (those
+                    # another task gives back now, after its ranks there have left); a task
+                    # that a preemption restarts now is restarting.
+                    in_place = (
+                        in_place_s is not None and task.job.id not in restarts and min(c, n) > 0
+                    )
+                    wait = max((freed_in.get(x, 0.0) for x in step.add), default=0.0)
                     if c == 0 and config.charge_starts:
                         rate = task.throughput(n)
                         cost = cost if task.job.start_s is None else task.job.start_s
                     charge = cost * rate
+                    if in_place:  # and at the old rate while it waits for its new nodes
+                        charge = min(cost, in_place_s) * rate + wait * (task.throughput(n) - rate)
                     if task.job.id in restarts:  # one restart: only what exceeds the preemption's
                         charge = max(0.0, charge - restarts[task.job.id])
                     task.charge += charge
                     rescale_loss += charge
                     rescale_norm += charge / task.job.p1
+                    kind = _kind(c, n, in_place, wait > 0)
+                    kinds.setdefault(kind, [0, 0.0])
+                    kinds[kind][0] += 1
+                    kinds[kind][1] += charge / task.job.p1
                     owner[list(step.add)] = task.slot
                     task.nodes = list(step.nodes)
                     task.rate = task.throughput(n)
@@ -422,7 +466,9 @@ def replay(
         },
         "solve_status": statuses,
         "rescales": rescales,
+        "rescales_by_kind": _by_kind(kinds, idle_node_s),
         "preemptions": preemptions,
+        "preemptions_by_kind": _by_kind(hits, idle_node_s),
         "rescale_loss_samples": rescale_loss,
         "preemption_loss_samples": preemption_loss,
         "E_avail_rescale_charges": rescale_norm / idle_node_s if idle_node_s else None,
@@ -434,15 +480,42 @@ def replay(
     return ReplayResult(summary, steps, task_nodes, task_samples)
 
 
-def _restarting(spec: TaskSpec, charged: float | None, rate: float) -> TaskSpec:
-    """``spec`` as the allocator sees a task that a preemption restarts at this event
-    (``charged``: the samples that preemption cost; None: not hit). A grow or shrink now is part
-    of the same restart, as in the executor: only a grow whose charge R_up·P(c) exceeds
-    ``charged`` costs the difference, a shrink nothing."""
-    if charged is None:
+def _by_kind(counts: dict[str, list[float]], idle_node_s: float) -> dict[str, dict]:
+    """{kind: [count, charges in samples / P(1)]} as the summary shows it."""
+    return {
+        k: {"count": int(n), "E_avail_charges": c / idle_node_s if idle_node_s else None}
+        for k, (n, c) in sorted(counts.items())
+    }
+
+
+def _kind(c: int, n: int, in_place: bool, waits: bool) -> str:
+    """A rescale from ``c`` to ``n`` nodes, by kind: start, stop, or grow or shrink, each
+    in place or a restart; a grow in place that waits for nodes given back at its decision."""
+    if c == 0 or n == 0:
+        return "start" if c == 0 else "stop"
+    if not in_place:
+        return "grow_restart" if n > c else "shrink_restart"
+    return "shrink_in_place" if n < c else "grow_in_place_waits" if waits else "grow_in_place"
+
+
+def _as_seen(
+    spec: TaskSpec, charged: float | None, rate: float, in_place_s: float | None
+) -> TaskSpec:
+    """``spec`` as the allocator sees it at this event.
+
+    A task that a preemption restarts now (``charged``: the samples that preemption cost;
+    None: not hit): a grow or shrink now is part of the same restart, as in the executor, so
+    only a grow whose charge R_up·P(c) exceeds ``charged`` costs the difference, a shrink
+    nothing. Any other task: a rescale costs ``in_place_s`` (None: R_up, R_down), as the
+    executor's allocator sees its measured in-place costs; never more than the job's own
+    rescale, which a restart would cost."""
+    if charged is not None:
+        up = max(0.0, spec.rescale_up_s - charged / rate) if rate > 0 else 0.0
+        return spec.model_copy(update={"rescale_up_s": up, "rescale_down_s": 0.0})
+    if in_place_s is None:
         return spec
-    up = max(0.0, spec.rescale_up_s - charged / rate) if rate > 0 else 0.0
-    return spec.model_copy(update={"rescale_up_s": up, "rescale_down_s": 0.0})
+    up, down = min(spec.rescale_up_s, in_place_s), min(spec.rescale_down_s, in_place_s)
+    return spec.model_copy(update={"rescale_up_s": up, "rescale_down_s": down})
 
 
 def _bound(trace, jobs, config, end, t_end, idle_node_s, e_avail) -> dict:

@@ -6,7 +6,13 @@ import dataclasses
 
 import pytest
 
-from parsl_bf.allocation import AllocationProblem, TaskSpec, solve_exact
+from parsl_bf.allocation import (
+    Allocation,
+    AllocationProblem,
+    SolveStatus,
+    TaskSpec,
+    solve_exact,
+)
 from parsl_bf.replay.jobsets import Job
 from parsl_bf.replay.policies import equal_share, greedy, make_policy
 from parsl_bf.replay.simulator import ReplayConfig, replay
@@ -30,9 +36,10 @@ def _job(jid="a", work=1e9, submit=0.0, up=10.0, down=5.0, max_nodes=4):
     )
 
 
-#: Every preemption restarts the task (R_down·P(c)), as in the original replayer: the charges
-#: these tests work out by hand. The in-place shrink has its own test below.
-RESTARTS = ReplayConfig(tfwd=1000, preemption_shrink_s=None)
+#: Every preemption and every planned rescale restarts the task (R_down·P(c), R_up·P(c)), as
+#: in the original replayer: the charges these tests work out by hand. The rescales in place
+#: have their own tests below.
+RESTARTS = ReplayConfig(tfwd=1000, preemption_shrink_s=None, rescale_in_place_s=None)
 
 
 def test_progress_rescale_and_preemption_charges() -> None:
@@ -102,15 +109,17 @@ def test_a_preempted_task_whose_min_nodes_stay_shrinks_in_place() -> None:
     config = ReplayConfig(tfwd=1000, bound_buckets=0)
     s = replay(trace, [_job()], recording, config).summary
     assert s["preemptions"] == 1 and s["preemption_loss_samples"] == pytest.approx(300)
+    assert s["preemptions_by_kind"] == {"in_place": {"count": 1, "E_avail_charges": 3 / 700}}
     assert s["samples"] == pytest.approx(100 * 300 - 300 + 200 * 200)
-    after = seen[-1].tasks[0]
-    assert (after.current_nodes, after.rescale_up_s, after.rescale_down_s) == (2, 10.0, 5.0)
+    after = seen[-1].tasks[0]  # no restart: it sees the rescales in place it would pay
+    assert (after.current_nodes, after.rescale_up_s, after.rescale_down_s) == (2, 1.0, 1.0)
     for job, cfg in [
         (dataclasses.replace(_job(), min_nodes=3), config),
         (_job(), dataclasses.replace(config, preemption_shrink_s=None)),
     ]:
         restarted = replay(trace, [job], recording, cfg).summary
         assert restarted["preemption_loss_samples"] == pytest.approx(1_500)
+        assert list(restarted["preemptions_by_kind"]) == ["restart_some_stay"]
 
 
 def test_charge_starts_charges_a_start_from_zero_at_the_new_rate() -> None:
@@ -142,7 +151,7 @@ def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work(
     # One node idle, a second joins at t=50; the next trace event is at t=400.
     trace = idle_trace([True, False], [(50, 1, True), (400, 0, False)], 1000)
     job = _job(work=5_000 + 30_000, up=10.0)
-    config = ReplayConfig(tfwd=100, task_events=task_events)
+    config = ReplayConfig(tfwd=100, task_events=task_events, rescale_in_place_s=None)
     result = replay(trace, [job], make_policy("milp"), config)
     s = result.summary
     # t=50: 50 × 100 = 5,000 done; grows 1 → 2, charge R_up·P(1) = 1,000, rate 200. The work
@@ -157,6 +166,61 @@ def test_growth_is_charged_at_the_current_rate_and_jobs_end_at_their_work(
     assert s["E_avail_preemption_charges"] == 0
     assert s["E_avail"] <= s["E_avail_bound"] * (1 + 1e-6)
     assert [c for _, c in result.task_nodes["a"]] == [0, 1, 2, 0]
+
+
+def test_a_grow_onto_free_nodes_is_done_in_place() -> None:
+    # The growth test's trace and job, with rescales in place: the allocator sees the grow at
+    # 1 s, and at t=50 the grow onto the free node pays S·P(1) = 100, not R_up·P(1) = 1,000.
+    trace = idle_trace([True, False], [(50, 1, True), (400, 0, False)], 1000)
+    seen = []
+
+    def recording(problem: AllocationProblem):
+        seen.append(problem)
+        return solve_exact(problem)
+
+    config = ReplayConfig(tfwd=100, bound_buckets=0)
+    s = replay(trace, [_job(work=5_000 + 30_000)], recording, config).summary
+    assert (seen[-1].tasks[0].rescale_up_s, seen[-1].tasks[0].rescale_down_s) == (1.0, 1.0)
+    assert s["rescale_loss_samples"] == pytest.approx(100)
+    assert s["rescales_by_kind"]["grow_in_place"]["count"] == 1
+    assert s["makespan_s"] == 201  # its work is reached at 50 + 30,100 / 200 = 200.5 s
+
+
+def _scripted(*counts: dict[str, int]):
+    """A policy that answers its n-th problem with ``counts[n]`` (the last one after that)."""
+    answers = list(counts)
+
+    def policy(problem: AllocationProblem) -> Allocation:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        return Allocation(status=SolveStatus.OPTIMAL, objective=0.0, counts=answer, solve_s=0.0)
+
+    return policy
+
+
+@pytest.mark.parametrize(("a_after", "wait"), [(1, 1.0), (0, 5.0)])
+def test_a_grow_onto_nodes_given_back_at_its_decision_waits_for_them(
+    a_after: int, wait: float
+) -> None:
+    # Three idle nodes, a fourth from t=100: a holds 2, b 1; at t=100 b grows to 3 onto the new
+    # node and one of a's. As in the executor, b trains on at P(1) until that node is free,
+    # then grows in place: S·P(1) + wait·(P(3) − P(1)), the wait being a's shrink in place (S)
+    # or its stop (its R_down, 5 s). Restarting, b would pay R_up·P(1) = 1,000.
+    trace = idle_trace([True, True, True, False], [(100, 3, True)], 300)
+    jobs = [_job("a", max_nodes=2), _job("b", max_nodes=3)]
+    policy = _scripted({"a": 2, "b": 1}, {"a": a_after, "b": 3})
+    config = ReplayConfig(tfwd=100, bound_buckets=0)
+    result = replay(trace, jobs, policy, config)
+    kinds = result.summary["rescales_by_kind"]
+    assert kinds["grow_in_place_waits"]["count"] == 1 and "grow_restart" not in kinds
+    b_charge = 1.0 * 100 + wait * (300 - 100)
+    a_charge = 1.0 * 200 if a_after else 5.0 * 200  # a shrink in place, or a stop
+    assert result.summary["rescale_loss_samples"] == pytest.approx(a_charge + b_charge)
+    assert [c for _, c in result.task_nodes["b"]] == [0, 1, 3]
+    restarts = dataclasses.replace(config, rescale_in_place_s=None)
+    apart = replay(trace, jobs, _scripted({"a": 2, "b": 1}, {"a": a_after, "b": 3}), restarts)
+    assert apart.summary["rescales_by_kind"]["grow_restart"]["count"] == 1
+    a_restart = 5.0 * 200  # R_down·P(2), a shrink or a stop alike
+    assert apart.summary["rescale_loss_samples"] == pytest.approx(a_restart + 10.0 * 100)
 
 
 def test_fcfs_admission_respects_max_jobs() -> None:

@@ -877,6 +877,17 @@ def test_bad_replay_flags(tmp_path, capsys, flags, message) -> None:
     assert _replay(capsys, _trace(tmp_path), JOBS, *flags) == message
 
 
+@pytest.mark.parametrize("flag", ["--preemption-shrink-s", "--rescale-in-place-s"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "abc"])
+def test_bad_replay_costs(tmp_path, capsys, flag, value) -> None:
+    # Seconds >= 0 or none; argparse's usage line, then one error line naming the flag.
+    with pytest.raises(SystemExit) as exit_:
+        main(["replay", "--trace", str(_trace(tmp_path)), "--jobs", str(JOBS), flag, value])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.endswith(f"argument {flag}: {value!r}: expected seconds >= 0, or none")
+
+
 def test_an_all_busy_trace_needs_an_explicit_tfwd(tmp_path, capsys) -> None:
     d = _events(tmp_path, "0,c05n06,busy")
     (d / "meta.json").write_text('{"end_s": 3600}')
