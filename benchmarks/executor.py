@@ -25,7 +25,8 @@ What it measures, in one run (``--quick``: a shorter window and calibration):
    by up to a batch per restart (a first step at an epoch's end is shorter than a batch).
 4. **Replay** of the same nodes and window with the same tasks as ``Job``s (calibrated P(w) and
    rescale cost), the milp policy and the executor's T_fwd, on the trace's own seconds (rates
-   ÷ time_scale, rescale cost and T_fwd × time_scale): the same window exactly.
+   ÷ time_scale; rescale costs, the in-place costs and T_fwd × time_scale): the same window
+   exactly.
 
 Accounting as in docs/replay.md ("Accounting"): util = allocated ÷ idle node-seconds, E_used
 and E_avail = Σ samples / P(1) ÷ allocated and ÷ idle node-seconds. A pilot holds its node
@@ -426,8 +427,16 @@ def replay_window(
         )
         for i in range(tasks)
     ]
+    # The replay's in-place costs are wall seconds: on the trace's clock, × scale as R.
+    in_place = {
+        k: getattr(ReplayConfig, k) * scale for k in ("preemption_shrink_s", "rescale_in_place_s")
+    }
     config = ReplayConfig(
-        tfwd=tfwd * scale, start_s=window.start_s, end_s=window.end_s, charge_starts=charge_starts
+        tfwd=tfwd * scale,
+        start_s=window.start_s,
+        end_s=window.end_s,
+        charge_starts=charge_starts,
+        **in_place,
     )
     trace = load_trace(TRACE, window.nodes, window.node_offset)
     summary = replay(trace, jobs, make_policy("milp"), config).summary
