@@ -96,14 +96,15 @@ class ReplayConfig:
     # that with a margin). Fewer left: it restarts, R_down·P(c).
     # None: every preemption restarts the task, as in the original replayer.
     preemption_shrink_s: float | None = 1.0
-    # Seconds of training a planned rescale of a running task pays (·P(c)) when the executor
-    # does it in place (``shrink_in_place``, ``grow_in_place``): a shrink that keeps nodes, or
-    # a grow whose added nodes were all free before the decision. A grow onto nodes another
-    # task gives back at the same decision stops the task and starts it again at the new size
-    # in the executor, so it pays R_up·P(c). The allocator sees this cost for both directions,
-    # as the executor's sees its measured in-place costs. (Measured for a ResNet-18: shrink
-    # 0.43 s, grow 0.56 s, docs/training.md; 1 s is that with a margin.) None: every planned
-    # rescale pays R_up·P(c) or R_down·P(c), as in the original replayer.
+    # Seconds of training a planned rescale of a running task pays (·P(c)) as the executor
+    # does it, in place (``shrink_in_place``, ``grow_in_place``): a shrink that keeps nodes,
+    # and a grow. A grow onto nodes another task gives back at the same decision waits for
+    # them at its old rate, as the executor's does until their ranks have left: this long
+    # after a shrink in place, the giver's R_down after a stop. The allocator sees this cost
+    # for both directions (never more than the job's R), as the executor's sees its measured
+    # in-place costs. (A ResNet-18 shrank in place in 0.43 s and grew in 0.56 s,
+    # docs/training.md; 1 s is that with a margin.) None: every planned rescale pays
+    # R_up·P(c) or R_down·P(c), as in the original replayer.
     rescale_in_place_s: float | None = 1.0
 
 
