@@ -81,6 +81,16 @@ def _charges(summary: dict) -> str | None:
     return None if up is None or pre is None else f"{up:.4f} / {pre:.4f}"
 
 
+def _in_place(summary: dict) -> str | None:
+    """How many rescales and preemptions were done in place (the rest restarted a task, or
+    started or stopped one)."""
+    kinds = summary.get("rescales_by_kind"), summary.get("preemptions_by_kind")
+    if None in kinds:
+        return None
+    rescales = sum(v["count"] for k, v in kinds[0].items() if "in_place" in k)
+    return f"{rescales} / {kinds[1].get('in_place', {}).get('count', 0)}"
+
+
 def summary_table(summary: dict) -> str:
     """The headline figures as an aligned two-column table."""
     rows = [
@@ -101,6 +111,7 @@ def summary_table(summary: dict) -> str:
         ),
         ("solve status", ", ".join(f"{k} {v}" for k, v in summary["solve_status"].items())),
         ("rescales / preemptions", f"{summary['rescales']} / {summary['preemptions']}"),
+        ("of which in place", _in_place(summary)),
     ]
     width = max(len(k) for k, _ in rows)
     lines = []

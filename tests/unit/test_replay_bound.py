@@ -343,6 +343,10 @@ def test_the_bound_divides_by_the_replays_idle_node_seconds() -> None:
     assert s["bound"]["buckets"] <= 60 + len(jobs) and s["bound"]["lp_solves"] >= 1
     table = summary_table(s)
     assert "E_avail bound" in table and "E_avail ÷ bound" in table
+    in_place = sum(v["count"] for k, v in s["rescales_by_kind"].items() if "in_place" in k)
+    shrunk = s["preemptions_by_kind"].get("in_place", {}).get("count", 0)
+    (row,) = [line for line in table.splitlines() if line.startswith("of which in place")]
+    assert row.split()[-3:] == [str(in_place), "/", str(shrunk)]
 
 
 def test_a_replay_above_its_bound_is_flagged_not_reported(monkeypatch) -> None:
