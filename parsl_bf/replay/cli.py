@@ -137,9 +137,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=ReplayConfig.rescale_in_place_s,
         metavar="S",
         help="what a planned rescale done in place costs a running task, in seconds of its "
-        "training (S·P(c)): a shrink that keeps nodes, a grow onto nodes free before the "
-        "decision, as in the executor (default %(default)s; none: every planned rescale "
-        "costs the job's R_up or R_down)",
+        "training (S·P(c)): a shrink that keeps nodes, and a grow, which first waits for "
+        "nodes another task gives back at the same event, as in the executor (default "
+        "%(default)s; none: every planned rescale costs the job's R_up or R_down)",
     )
     p.add_argument(
         "--original-accounting",

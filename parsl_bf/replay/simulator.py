@@ -297,9 +297,7 @@ def replay(
             preemption_loss += charge
             preemption_norm += charge / task.job.p1
             how = "in_place" if in_place else "restart_some_stay" if stay else "restart_none_stay"
-            hits.setdefault(how, [0, 0.0])
-            hits[how][0] += 1
-            hits[how][1] += charge / task.job.p1
+            _tally(hits, how, charge / task.job.p1)
             if config.restart_once and not in_place:
                 restarts[task.job.id] = charge
             task.nodes = stay
@@ -368,14 +366,17 @@ def replay(
                     mine = [x for nodes in current.values() for x in nodes]
                     value = {x: float(life[x]) for x in [*mine, *free_nodes.tolist()]}
                 node_plan = plan(counts, current, free_nodes.tolist(), node_value=value)
+                # The tasks whose rescales now are done in place if they keep nodes: all but
+                # those a preemption restarts now, with in-place rescales on.
+                resizes = set() if in_place_s is None else set(current) - set(restarts)
                 # Releases first: another task may take these nodes, once they are free:
                 # seconds from now, by node (a shrink in place, else a stop).
                 freed_in: dict[int, float] = {}
                 for task in active:
                     step = node_plan.tasks[task.job.id]
                     owner[list(step.release)] = FREE
-                    in_place = in_place_s is not None and task.job.id not in restarts
-                    wait = in_place_s if in_place and step.nodes else task.job.rescale_down_s
+                    in_place = task.job.id in resizes and bool(step.nodes)
+                    wait = in_place_s if in_place else task.job.rescale_down_s
                     freed_in |= dict.fromkeys(step.release, wait)
                 for task in active:
                     step = node_plan.tasks[task.job.id]
@@ -389,9 +390,7 @@ def replay(
                     # one that grows grows in place, once the nodes it takes are free (those
                     # another task gives back now, after its ranks there have left); a task
                     # that a preemption restarts now is restarting.
-                    in_place = (
-                        in_place_s is not None and task.job.id not in restarts and min(c, n) > 0
-                    )
+                    in_place = task.job.id in resizes and min(c, n) > 0
                     wait = max((freed_in.get(x, 0.0) for x in step.add), default=0.0)
                     if c == 0 and config.charge_starts:
                         rate = task.throughput(n)
@@ -404,10 +403,7 @@ def replay(
                     task.charge += charge
                     rescale_loss += charge
                     rescale_norm += charge / task.job.p1
-                    kind = _kind(c, n, in_place, wait > 0)
-                    kinds.setdefault(kind, [0, 0.0])
-                    kinds[kind][0] += 1
-                    kinds[kind][1] += charge / task.job.p1
+                    _tally(kinds, _kind(c, n, in_place, wait > 0), charge / task.job.p1)
                     owner[list(step.add)] = task.slot
                     task.nodes = list(step.nodes)
                     task.rate = task.throughput(n)
@@ -479,6 +475,13 @@ def replay(
         summary["note"] = "no idle node-seconds in the window: efficiency is undefined"
     summary.update(_bound(trace, jobs, config, end, t_end, idle_node_s, summary["E_avail"]))
     return ReplayResult(summary, steps, task_nodes, task_samples)
+
+
+def _tally(counts: dict[str, list[float]], kind: str, charge: float) -> None:
+    """One more ``kind``, which cost ``charge`` (samples / P(1))."""
+    entry = counts.setdefault(kind, [0, 0.0])
+    entry[0] += 1
+    entry[1] += charge
 
 
 def _by_kind(counts: dict[str, list[float]], idle_node_s: float) -> dict[str, dict]:
