@@ -2,7 +2,8 @@
 
 The bound (parsl_bf.replay.bound) gives rescales and preemptions away. So each fold is replayed
 twice with the default policy (``AllocatorSettings``): as is, and with every job's R_up and
-R_down set to 0 (*free rescales*: no charge, and the allocator weighs none). The second is the
+R_down set to 0 and no in-place seconds either (*free rescales*: no charge, and the allocator
+weighs none). The second is the
 same instance under the bound's own cost model, so its E_avail over the bound is what the
 allocation alone reaches, and the difference to the first is what the charges cost, in E_avail
 and in the decisions they lead to. A free-rescale E_avail above the bound would be a bug in the
@@ -23,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from policy_cv import impossible, make_folds, run
 
 from parsl_bf.allocation import AllocatorSettings
+from parsl_bf.replay.simulator import ReplayConfig
 
 
 def _run(args: tuple) -> dict:
@@ -31,7 +33,13 @@ def _run(args: tuple) -> dict:
     fold, free = args
     settings = AllocatorSettings()
     objective = settings.objective.value
-    return run(fold, "milp", objective, settings.tfwd, bound=not free, free_rescales=free)
+    # Free: no R_up or R_down, and no second of an in-place rescale or preemption either.
+    costs = (
+        (0.0, 0.0) if free else (ReplayConfig.preemption_shrink_s, ReplayConfig.rescale_in_place_s)
+    )
+    return run(
+        fold, "milp", objective, settings.tfwd, bound=not free, free_rescales=free, costs=costs
+    )
 
 
 def _cell_of(flagged: bool):

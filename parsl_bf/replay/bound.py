@@ -39,10 +39,15 @@ then that clipped count's integral), and job j is admitted τ_jb ≤ A_jb second
 with Σ_j τ_jb ≤ K·L_b and y_jbq ≤ w_jq·τ_jb in place of w_jq·A_jb (Jensen over the admitted
 time; a job makes no progress unless admitted). The queue's order is kept in part too: at a few
 bucket ends e (:data:`QUEUE_CHECKPOINTS`), z_j ∈ [0, 1] relaxes "job j admitted by e", falling
-along the queue (first come first served) and 0 before s_j; x_j is j's share of its work done by
-e, at most z_j; and Σ_j (z_j − x_j) ≤ K, as a job leaves its slot only when done. Without this
-the LP would fill the slots with the best-scaling jobs of the whole queue and never admit the
-others; with it, the work done is, up to K jobs, the work of a prefix of the queue.
+along the queue (first come first served), 0 before s_j and never falling from one checkpoint
+to the next; x_j is j's share of its work done by e, at most z_j; and Σ_j (z_j − x_j) ≤ K, as a
+job leaves its slot only when done. Without this the LP would fill the slots with the
+best-scaling jobs of the whole queue and never admit the others; with it, the work done is, up
+to K jobs, the work of a prefix of the queue. And as an admitted job holds its slot until done,
+in every bucket b after a checkpoint e the jobs admitted by e and not done by b's end are
+admitted all of b: τ_jb ≥ L_b·(z_j(e) − x_j(b)), summed over a class (below) with its done
+members counted by its samples. Without this the LP could admit a job, leave its slot to
+another for a while, and come back to it.
 
 *Pooling.* When one column set per job would pass :data:`MAX_VARIABLES`, jobs with the same
 curve and node range share one: y_cbq ≤ w_q·Σ_{j∈c} A_jb (the perspective A·f(m / A) of a
@@ -67,7 +72,9 @@ same argument over the τ_jb seconds job j is admitted in b, and with min(n_j(t)
 min(idle(t), M_K) as at most K jobs are admitted. For the queue, let each job's samples by
 bucket b be min(W_j, Σ_{b' ≤ b} g_jb') (the fill above, bucket by bucket): a job done by e has
 x_j = 1, one not yet admitted has none, so with z_j its admission (0 or 1, a prefix of the
-queue) Σ_j (z_j − x_j) counts at most the jobs admitted and not done at e, at most K.
+queue, never falling in time) Σ_j (z_j − x_j) counts at most the jobs admitted and not done at
+e, at most K; and a job admitted by e and not done by the end of b (z_j = 1, x_j < 1) is
+admitted all of b, τ_jb = L_b, while for the others L_b·(z_j − x_j) ≤ 0.
 
 **The denominator.** It is the replay's own D(t_stop), which depends on when the policy
 finishes. If the relaxation cannot finish every job by t_end, no replay stops early and the
@@ -517,10 +524,18 @@ class _Instance:
                 by_pair_bucket.get(last, []),
                 rule=lambda m, n: m.tau[n] <= pairs[n][3] * length / scale * m.lam,
             )
-        self._queue(m, ends, pooled)
+        self._queue(m, ends, pooled, index, scale, final)
         return m, rows
 
-    def _queue(self, m: pyo.ConcreteModel, ends: np.ndarray, pooled: list[int]) -> None:
+    def _queue(
+        self,
+        m: pyo.ConcreteModel,
+        ends: np.ndarray,
+        pooled: list[int],
+        index: dict[tuple[int, int], int],
+        scale: float,
+        final: bool,
+    ) -> None:
         """First come first served, at checkpoints: at most ``slots`` jobs admitted and not done.
 
         At a checkpoint e (a bucket's end), z_j ∈ [0, 1] stands for "job j admitted by e" and
@@ -530,7 +545,10 @@ class _Instance:
         slot only when done, so Σ_j (z_j − x_j) ≤ slots. With Σ_{j∈c} x_j ≤ S_c / min_{j∈c} W_j
         (S_c: the class's samples by e) this is linear in the class's cumulative samples.
         Without it the LP would give the slots to the best-scaling jobs of the whole queue and
-        never admit the others, which no first-come-first-served replay can do.
+        never admit the others, which no first-come-first-served replay can do. A job admitted
+        stays so until done: z never falls from one checkpoint to the next, and in each bucket b
+        after a checkpoint e, a class is admitted at least L_b·(Σ_{j∈c} z_j(e) − S_c(b) /
+        min_{j∈c} W_j) seconds (its jobs admitted by e less those done by b's end).
         """
         jobs = self.jobs
         nb = len(ends)
@@ -563,6 +581,39 @@ class _Instance:
                 <= self.slots
             ),
         )
+        # The first ``slots`` jobs submitted by the window's start are admitted at it (the
+        # replay's first event), and a job admitted stays so until done: z never falls from one
+        # checkpoint to the next.
+        first = min(self.slots, int(np.count_nonzero(jobs.submit <= self.edges[0])))
+        for b in checks:
+            for j in range(first):
+                m.z[b, j].setlb(1.0)
+        stays = [
+            (e, f, j) for e, f in zip(checks, checks[1:], strict=False) for j in range(known[e])
+        ]
+        m.stays = pyo.Constraint(
+            range(len(stays)),
+            rule=lambda m, n: m.z[stays[n][0], stays[n][2]] <= m.z[stays[n][1], stays[n][2]],
+        )
+        # Holding: the jobs admitted by the last checkpoint e before bucket b (by the window's
+        # start, before the first) that are not done by b's end are admitted all of b. (The
+        # last bucket of ``final`` is cut at λ: left out.)
+        holds = []
+        for b in range(nb - 1 if final else nb):
+            e = max((x for x in checks if x < b), default=None)
+            for c in pooled:
+                early = jobs.members[c][jobs.members[c] < (first if e is None else known[e])]
+                if len(early) and (c, b) in index:
+                    holds.append((e, b, c, early.tolist()))
+
+        def held(m, n):
+            e, b, c, early = holds[n]
+            admitted = len(early) if e is None else sum(m.z[e, j] for j in early)
+            not_done = admitted - total[c] / least[c] * m.cum[c, b]
+            length = float(ends[b] - (ends[b - 1] if b else self.edges[0]))
+            return m.tau[index[c, b]] * scale >= length * not_done
+
+        m.holding = pyo.Constraint(range(len(holds)), rule=held)
 
     def _solve(self, m: pyo.ConcreteModel) -> None:
         began = self._began  # set when the model's building began
