@@ -22,9 +22,11 @@ keeps only capacity and job availability and gives everything else away:
 **The LP.** Let f_j be the upper concave hull of the points (0, 0) and (n, P_j(n)) for
 min_j ≤ n ≤ max_j (P_j: the curve as the replay interpolates it; 0 below min_j, which the hull
 through the origin covers). f_j is piecewise linear with segments q of width w_jq and slopes
-σ_j1 > σ_j2 > ... > 0 (flat or falling pieces dropped). In bucket b, C_b = D(a_{b+1}) − D(a_b)
-(exact, from the trace's steps) and A_jb = |[max(a_b, s_j), a_{b+1}]| is the time job j is
-available in it. Variables y_jbq ≥ 0 are the node-seconds job j spends on segment q in b:
+σ_j1 > σ_j2 > ... > 0 (flat or falling pieces dropped; pieces below 1e-7·σ_j1 folded into the
+last one kept, which only raises f_j: the LP stays a relaxation, and well scaled). In bucket b,
+C_b = D(a_{b+1}) − D(a_b) (exact, from the trace's steps) and A_jb = |[max(a_b, s_j), a_{b+1}]|
+is the time job j is available in it. Variables y_jbq ≥ 0 are the node-seconds job j spends on
+segment q in b:
 
     N*(T) = max  Σ_jbq y_jbq·σ_jq / P_j(1)
             s.t. y_jbq ≤ w_jq·A_jb                (at most max_j nodes while available)
@@ -140,6 +142,9 @@ MAX_VARIABLES = 200_000
 #: "Every job finishes" is tested as N* ≥ W·(1 − SLACK): lenient, so a bound is never lost to
 #: round-off (a lenient test only moves T* earlier, which raises the bound).
 SLACK = 1e-6
+#: A hull piece whose slope is below this share of the job's steepest is folded into the one
+#: before it (see :func:`concave_hull`).
+NEGLIGIBLE_SLOPE = 1e-7
 #: How far above the bound a replay's E_avail may lie before it is called a bug.
 TOLERANCE = 1e-6
 #: With an admission limit, the queue's order is checked at about this many bucket ends (each
@@ -214,8 +219,15 @@ def concave_hull(job: Job) -> tuple[np.ndarray, np.ndarray]:
     pts = [(0.0, 0.0)] + [(float(x), float(np.interp(x, job.nodes, job.throughput))) for x in xs]
     h = np.array(_hull(pts, upper=True))
     widths, slopes = np.diff(h[:, 0]), np.diff(h[:, 1]) / np.diff(h[:, 0])
-    rising = slopes > 0
-    return widths[rising], slopes[rising]
+    # Slopes fall along a concave hull, so the negligible pieces are its tail. Their samples are
+    # folded into the last piece kept (f then only rises, and saturates sooner: the bound stays
+    # an upper bound); kept, a slope 1e-16 of its neighbour's stalls GLPK's simplex.
+    keep = slopes > NEGLIGIBLE_SLOPE * slopes.max(initial=0.0)
+    if keep.any() and not keep.all():
+        last = int(np.flatnonzero(keep)[-1])
+        tail = ~keep & (slopes > 0)
+        slopes[last] += float((widths[tail] * slopes[tail]).sum()) / widths[last]
+    return widths[keep], slopes[keep]
 
 
 def efficiency_ceiling(jobs: Sequence[Job]) -> float:

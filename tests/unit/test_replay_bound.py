@@ -74,8 +74,9 @@ LUMPY = _job("lumpy", (0, 2, 4, 8, 16), (0, 150, 400, 700, 900), min_nodes=2)
         LUMPY,
         dataclasses.replace(SHUFFLENET, min_nodes=3, max_nodes=40),
         _job("flat", (0, 1, 2, 8), (0, 100, 100, 100)),
+        _job("nearly-flat", (0, 1, 5), (0, 1.0, 1.0000000000000002), max_nodes=5),
     ],
-    ids=["shufflenet", "lumpy", "shufflenet-3..40", "flat"],
+    ids=["shufflenet", "lumpy", "shufflenet-3..40", "flat", "nearly-flat"],
 )
 def test_hull_is_concave_and_covers_every_count_the_replay_can_give(job: Job) -> None:
     widths, slopes = concave_hull(job)
@@ -300,6 +301,63 @@ def test_a_job_holds_its_slot_until_it_is_done() -> None:
         s = replay(trace, [poor, linear], policy, ReplayConfig(tfwd=100, max_jobs=1)).summary
         assert s["jobs_admitted"] == 1
         assert s["E_avail"] <= bound.value * (1 + SLACK)
+
+
+def test_a_nearly_flat_curve_still_gets_a_bound(monkeypatch) -> None:
+    # Found by the random instances below: a hull piece with a slope 1e-16 of the one before it
+    # made GLPK's simplex run to its time limit on three nodes and three jobs, so no bound.
+    trace = idle_trace(
+        [False, False, True],
+        [
+            (12, 0, False),
+            (49, 2, False),
+            (284, 0, True),
+            (309, 0, True),
+            (365, 0, True),
+            (373, 0, False),
+            (413, 2, False),
+            (427, 0, False),
+            (544, 1, False),
+            (556, 2, False),
+            (641, 0, False),
+            (1077, 2, True),
+        ],
+        1673,
+    )
+    jobs = [
+        _job(
+            "a",
+            (0, 1, 5),
+            (0, 139.31766065295628, 157.79655846497707),
+            work=427868.62496584235,
+            min_nodes=3,
+            max_nodes=5,
+        ),
+        _job(
+            "b",
+            (0, 1, 5),
+            (0, 1.0, 1.0000000000000002),
+            work=1e5,
+            submit=125.0,
+            min_nodes=3,
+            max_nodes=5,
+        ),
+        _job(
+            "c",
+            (0, 1, 6),
+            (0, 3.6564353592125807, 24.296441874667902),
+            work=1e5,
+            submit=199.0,
+            min_nodes=4,
+            max_nodes=6,
+        ),
+    ]
+    monkeypatch.setattr(bound_module, "MAX_VARIABLES", 1)
+    bound = e_avail_bound(trace, jobs, 0, None, 5, max_jobs=1)
+    assert bound.value is not None, bound.note
+    for policy in POLICIES.values():
+        s = replay(trace, jobs, policy, ReplayConfig(tfwd=20, max_jobs=1, bound_buckets=5))
+        assert s.summary["E_avail"] <= bound.value * (1 + SLACK)
 
 
 def test_pooling_identical_jobs_only_relaxes(monkeypatch) -> None:
