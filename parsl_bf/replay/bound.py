@@ -139,6 +139,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BUCKETS = 240
 #: The LP's variables are kept below this: identical jobs are pooled, then buckets coarsened.
 MAX_VARIABLES = 200_000
+#: Buckets are never coarsened below this (for size, or after a time-out).
+MIN_BUCKETS = 8
 #: "Every job finishes" is tested as N* ≥ W·(1 − SLACK): lenient, so a bound is never lost to
 #: round-off (a lenient test only moves T* earlier, which raises the bound).
 SLACK = 1e-6
@@ -150,8 +152,9 @@ TOLERANCE = 1e-6
 #: With an admission limit, the queue's order is checked at about this many bucket ends (each
 #: adds a variable per job submitted by then; any subset of checkpoints gives a valid bound).
 QUEUE_CHECKPOINTS = 4
-#: GLPK's limit per LP, seconds (the largest take a few); a time-out gives no bound, never a
-#: wrong one (only proven optima are used).
+#: GLPK's limit per LP, seconds (the largest measured take 90 s); a time-out of the first LP
+#: solves it again with half the buckets, down to :data:`MIN_BUCKETS`, then gives no bound, never
+#: a wrong one (only proven optima are used).
 LP_TIME_LIMIT = 120.0
 
 
@@ -284,7 +287,9 @@ def violation(e_avail: float | None, bound: float | None) -> str | None:
 
 
 class _Unsolved(Exception):
-    pass
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out  # GLPK stopped at LP_TIME_LIMIT: a smaller LP may solve
 
 
 @dataclass
@@ -640,7 +645,7 @@ class _Instance:
             self.solve_s += time.perf_counter() - began
         cond = results.solver.termination_condition
         if cond is not TerminationCondition.optimal or len(results.solution) == 0:
-            raise _Unsolved(f"GLPK: {cond}")
+            raise _Unsolved(f"GLPK: {cond}", cond is TerminationCondition.maxTimeLimit)
         m.solutions.load_from(results)
 
 
@@ -765,7 +770,7 @@ def e_avail_bound(
             kinds.setdefault((j.nodes, j.throughput, j.min_nodes, j.max_nodes), []).append(i)
         members = [np.array(x) for x in kinds.values()]
         segments = sum(len(hulls[int(x[0])][1]) for x in members)
-    while n > 8 and segments * n * per_row > MAX_VARIABLES:  # then coarsen the buckets
+    while n > MIN_BUCKETS and segments * n * per_row > MAX_VARIABLES:  # then coarsen buckets
         n //= 2
     data = _Classes(
         members=members,
@@ -777,7 +782,6 @@ def e_avail_bound(
     )
     ceiling = efficiency_ceiling(jobs)
     inst = _Instance(profile, data, _edges(profile, submit, n), slots)
-    n_buckets = len(inst.edges) - 1
 
     def done(value: float | None, denominator: float, finish: float | None, note=None) -> Bound:
         if value is not None:
@@ -786,7 +790,7 @@ def e_avail_bound(
             value,
             denominator,
             finish,
-            n_buckets,
+            len(inst.edges) - 1,
             inst.variables,
             inst.constraints,
             inst.solves,
@@ -794,11 +798,24 @@ def e_avail_bound(
             note,
         )
 
-    try:
-        at_end = inst.max_samples(float(end))
-    except (_Unsolved, SolverUnavailableError) as exc:
-        log.warning("no E_avail bound: %s", exc)
-        return done(None, total_idle, None, str(exc))
+    while True:
+        try:
+            at_end = inst.max_samples(float(end))
+            break
+        except _Unsolved as exc:
+            # Coarser buckets only average more (still a bound) and make a smaller LP: on an
+            # instance larger than any measured here, a looser bound beats none.
+            if not exc.timed_out or n <= MIN_BUCKETS:
+                log.warning("no E_avail bound: %s", exc)
+                return done(None, total_idle, None, str(exc))
+            n = max(MIN_BUCKETS, n // 2)
+            log.warning("E_avail bound: %s; solving again with %d buckets", exc, n)
+            spent = inst.solves, inst.solve_s
+            inst = _Instance(profile, data, _edges(profile, submit, n), slots)
+            inst.solves, inst.solve_s = spent
+        except SolverUnavailableError as exc:
+            log.warning("no E_avail bound: %s", exc)
+            return done(None, total_idle, None, str(exc))
     bound = at_end / total_idle
     total = float(sum(data.work[x].sum() * data.inv_p1[c] for c, x in enumerate(members)))
     last_submit = float(data.submit.max())
@@ -807,7 +824,7 @@ def e_avail_bound(
     # Every job can finish within the window: W / D(T*) bounds the replays that stop early.
     edges = inst.edges
     lo = int(np.searchsorted(edges, last_submit, side="right")) - 1  # bucket of the last submit
-    hi = n_buckets - 1  # finishes by edges[hi + 1] = end
+    hi = len(edges) - 2  # finishes by edges[hi + 1] = end
     try:
         while lo < hi:  # smallest k whose end edges[k + 1] lets every job finish
             mid = (lo + hi) // 2

@@ -360,6 +360,30 @@ def test_a_nearly_flat_curve_still_gets_a_bound(monkeypatch) -> None:
         assert s.summary["E_avail"] <= bound.value * (1 + SLACK)
 
 
+def _fresh_bound(name: str) -> Bound:  # not cached: the tests below patch the solver
+    trace, jobs, config = _instance(name)
+    return e_avail_bound(trace, jobs, config.start_s, config.end_s, max_jobs=config.max_jobs)
+
+
+def test_a_bound_that_times_out_is_solved_again_on_coarser_buckets(monkeypatch) -> None:
+    # GLPK's time limit 0 means "stop at once": the first LP times out for real (the real
+    # glpsol), the next ones get the usual limit. Half the buckets: a relaxation of the grid.
+    real, limits = bound_module._glpk, iter([0.0])
+    monkeypatch.setattr(bound_module, "_glpk", lambda limit: real(next(limits, limit)))
+    name = "64n-to-end-3-jobs"
+    retried = _fresh_bound(name)
+    assert retried.value is not None, retried.note
+    assert retried.buckets < _bound(name).buckets and retried.solves > _bound(name).solves
+    assert retried.value >= _bound(name).value * (1 - SLACK)
+
+
+def test_a_bound_that_times_out_at_the_coarsest_buckets_is_none(monkeypatch) -> None:
+    monkeypatch.setattr(bound_module, "LP_TIME_LIMIT", 0)
+    bound = _fresh_bound("64n-to-end-3-jobs")
+    assert bound.value is None and "maxTimeLimit" in bound.note
+    assert bound.buckets == bound_module.MIN_BUCKETS and bound.solves > 1
+
+
 def test_pooling_identical_jobs_only_relaxes(monkeypatch) -> None:
     # Too many columns: the ten identical shufflenet jobs become one class, their work caps one
     # cap on what has been submitted so far. The same buckets, a weaker but valid bound.
