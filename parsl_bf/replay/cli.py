@@ -166,6 +166,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=1.0,
         help="with --hole-plan: the fraction of holes the plan gives an end (default 1)",
     )
+    p.add_argument(
+        "--no-bound",
+        action="store_true",
+        help="leave out the clairvoyant E_avail bound (its LPs take minutes on thousands of "
+        "nodes; summary.json then has E_avail_bound null)",
+    )
     p.add_argument("--nodes", type=int, help="use the first N nodes (by col_index)")
     p.add_argument("--node-offset", type=int, default=0, help="skip the first K nodes")
     p.add_argument("--start", type=parse_duration, default=0, help="window start (48h, 90m, s)")
@@ -181,8 +187,13 @@ def _jobs_path(spec: str) -> Path:
     return default_data_dir() / "jobs" / f"{spec}.json"
 
 
+#: What a user sees while the E_avail bound is solved, after the events.
+BOUND_STAGE = "E_avail bound: solving its LPs with GLPK (--no-bound leaves it out)"
+
+
 def _progress(end_s: int, start_s: int):
-    """A rich progress bar on a terminal, else a log line every 10% of simulated time."""
+    """A rich progress bar on a terminal, else a log line every 10% of simulated time; and a
+    line when the bound's LPs begin, which can take minutes after the last event."""
     total = max(1, end_s - start_s)
     began = time.perf_counter()
     if sys.stderr.isatty():
@@ -206,7 +217,10 @@ def _progress(end_s: int, start_s: int):
                 description=f"{(t - start_s) / 3600:7.1f} h simulated, {rate:6.0f} events/s",
             )
 
-        return update, bar.stop
+        def stage(name: str) -> None:
+            bar.update(task, completed=total, description=BOUND_STAGE)
+
+        return update, stage, bar.stop
     mark = [0.0]
 
     def log(t: int, events: int) -> None:
@@ -219,7 +233,10 @@ def _progress(end_s: int, start_s: int):
                 file=sys.stderr,
             )
 
-    return log, lambda: None
+    def stage_line(name: str) -> None:
+        print(f"replay: {BOUND_STAGE}", file=sys.stderr)
+
+    return log, stage_line, lambda: None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -289,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
         start_s=args.start,
         end_s=end,
         charge_starts=args.charge_starts,
+        bound_buckets=0 if args.no_bound else ReplayConfig.bound_buckets,
         holes=HoleForecast(*args.hole_plan, args.announced) if args.hole_plan else None,
         **(
             {
@@ -298,10 +316,10 @@ def run(args: argparse.Namespace) -> int:
             | accounting
         ),
     )
-    update, finish = _progress(end, args.start)
+    update, stage, finish = _progress(end, args.start)
     began = time.perf_counter()
     try:
-        result = replay(trace, jobs, policy, config, update)
+        result = replay(trace, jobs, policy, config, update, stage)
     finally:
         finish()
     out = args.out or Path("runs") / time.strftime("replay-%Y%m%d-%H%M%S")

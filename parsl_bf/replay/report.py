@@ -75,6 +75,15 @@ def _over_bound(summary: dict) -> float | str | None:
     return summary.get("E_avail_over_bound")
 
 
+def _bound_lps(summary: dict) -> str | None:
+    """What the bound took (LPs solved, seconds), or why there is none."""
+    lp = summary.get("bound")
+    if lp is None:
+        return None
+    took = f"{lp['lp_solves']} / {lp['solve_s']:.1f}"
+    return f"{took} ({lp['note']})" if lp.get("note") else took
+
+
 def _charges(summary: dict) -> str | None:
     """The E_avail the rescale and preemption charges cost (the bound charges neither)."""
     up, pre = summary.get("E_avail_rescale_charges"), summary.get("E_avail_preemption_charges")
@@ -99,6 +108,7 @@ def summary_table(summary: dict) -> str:
         ("E_avail", summary["E_avail"]),
         ("E_avail bound", summary.get("E_avail_bound")),
         ("E_avail ÷ bound", _over_bound(summary)),
+        ("bound LPs / s", _bound_lps(summary)),
         ("E_avail lost: rescales / preemptions", _charges(summary)),
         ("samples", summary["samples"]),
         ("jobs done / admitted", f"{summary['jobs_done']} / {summary['jobs_admitted']}"),

@@ -176,10 +176,13 @@ def replay(
     policy: Policy,
     config: ReplayConfig = ReplayConfig(),
     progress: Callable[[int, int], None] | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> ReplayResult:
     """Replay ``jobs`` on the idle nodes of ``trace`` with ``policy``; see the module docstring.
 
-    ``progress(t, events)`` is called after each event (e.g. to drive a progress bar).
+    ``progress(t, events)`` is called after each event (e.g. to drive a progress bar), and
+    ``stage(name)`` when a stage after the events begins that may take a while: ``"bound"``,
+    the E_avail bound's LPs (minutes on thousands of nodes; ``bound_buckets=0`` skips it).
     """
     end = trace.end_s if config.end_s is None else min(config.end_s, trace.end_s)
     if end <= config.start_s:
@@ -473,6 +476,8 @@ def replay(
     }
     if summary["util"] is None:
         summary["note"] = "no idle node-seconds in the window: efficiency is undefined"
+    if stage is not None and config.bound_buckets > 0:
+        stage("bound")
     summary.update(_bound(trace, jobs, config, end, t_end, idle_node_s, summary["E_avail"]))
     return ReplayResult(summary, steps, task_nodes, task_samples)
 

@@ -78,6 +78,25 @@ def test_window_and_errors(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "bad.csv:2 submit_window_s: missing" in bad.stderr
 
 
+def test_the_bound_stage_is_announced_and_can_be_left_out(tmp_path: Path) -> None:
+    ok = _replay(tmp_path, "--policy", "greedy", "--end", "2h", "--tfwd", "60")
+    assert ok.returncode == 0, ok.stderr
+    summary = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert summary["E_avail_bound"] is not None and summary["bound"]["lp_solves"] >= 1
+    lines = ok.stderr.splitlines()
+    # Announced once, after the events' progress, before the LPs' time is spent in silence.
+    (stage,) = [i for i, line in enumerate(lines) if "E_avail bound: solving" in line]
+    assert "--no-bound" in lines[stage]
+    assert all(i < stage for i, line in enumerate(lines) if "% (" in line)
+    (row,) = [line for line in ok.stdout.splitlines() if line.startswith("bound LPs / s")]
+    assert row.split()[4] == str(summary["bound"]["lp_solves"])
+    left_out = _replay(tmp_path, "--policy", "greedy", "--end", "2h", "--tfwd", "60", "--no-bound")
+    assert left_out.returncode == 0, left_out.stderr
+    summary = json.loads(left_out.stdout.strip().splitlines()[-1])
+    assert summary["E_avail_bound"] is None and "bound" not in summary
+    assert "E_avail bound: solving" not in left_out.stderr
+
+
 @pytest.mark.slow
 def test_balanced_meets_the_reference_target(tmp_path: Path) -> None:
     # The reference setting (original: E_used 0.924, E_avail 0.824): T_fwd chosen from the
