@@ -137,8 +137,11 @@ log = logging.getLogger(__name__)
 
 #: Buckets of the default grid (the dev week on 64 nodes: some 40 minutes each).
 DEFAULT_BUCKETS = 240
-#: The LP's variables are kept below this: identical jobs are pooled, then buckets coarsened.
-MAX_VARIABLES = 200_000
+#: The LP's hull columns are kept below this: identical jobs are pooled, then buckets
+#: coarsened. 100 jobs of distinct curves on 64 nodes for a week: 117,718 variables at 240
+#: buckets took 400 s for their 9 LPs, at 60 buckets (36,000) 26 s, for a bound 0.0036 higher.
+#: Every job set of docs/evaluation.md stays under it at 240 buckets (ImageNet: 16,500).
+MAX_VARIABLES = 50_000
 #: Buckets are never coarsened below this (for size, or after a time-out).
 MIN_BUCKETS = 8
 #: "Every job finishes" is tested as N* ≥ W·(1 − SLACK): lenient, so a bound is never lost to
@@ -154,7 +157,10 @@ TOLERANCE = 1e-6
 #: 8 against 4: ImageNet bounds 0.0004-0.0036 lower, for twice the LP time (30 s on 1,024
 #: nodes over 24 h); 16 ran past the time limit there.
 QUEUE_CHECKPOINTS = 8
-#: GLPK's limit per LP, seconds (4,734 nodes over 48 h: 10 LPs, 138 s); a time-out of the first LP
+#: The queue's variables (checkpoints × jobs) are kept below this: fewer checkpoints for more
+#: jobs, none past it (10,000 jobs get 2; a job set may hold up to a million).
+QUEUE_VARIABLES = 25_000
+#: GLPK's limit per LP, seconds (4,734 nodes over 48 h: 10 LPs, 174 s); a time-out of the first LP
 #: solves it again with half the buckets, down to :data:`MIN_BUCKETS`, then gives no bound, never
 #: a wrong one (only proven optima are used).
 LP_TIME_LIMIT = 120.0
@@ -255,6 +261,7 @@ class Bound:
     idle_node_s: float  # the denominator: D(t_end), or D at the earliest possible stop
     finish_s: float | None  # earliest time a replay may stop, all done; None: t_end
     buckets: int = 0
+    checkpoints: int = 0  # of the queue's order (:data:`QUEUE_CHECKPOINTS`); 0: none
     variables: int = 0  # of the largest LP solved
     constraints: int = 0
     solves: int = 0
@@ -266,6 +273,7 @@ class Bound:
             "idle_node_s": self.idle_node_s,
             "finish_s": self.finish_s,
             "buckets": self.buckets,
+            "queue_checkpoints": self.checkpoints,
             "variables": self.variables,
             "constraints": self.constraints,
             "lp_solves": self.solves,
@@ -335,12 +343,18 @@ class _Instance:
     """
 
     def __init__(
-        self, profile: IdleProfile, jobs: _Classes, edges: np.ndarray, slots: int | None
+        self,
+        profile: IdleProfile,
+        jobs: _Classes,
+        edges: np.ndarray,
+        slots: int | None,
+        checkpoints: int = QUEUE_CHECKPOINTS,
     ) -> None:
         self.profile = profile
         self.jobs = jobs
         self.edges = edges  # a_0 .. a_B
         self.slots = slots
+        self.checkpoints = checkpoints  # of the queue's order, with slots (0: none)
         usable = profile.counts.astype(float)
         if slots is not None:
             each = [float(w.sum()) for c, w in enumerate(jobs.widths) for _ in jobs.members[c]]
@@ -404,17 +418,22 @@ class _Instance:
         pairs: list[tuple[int, int, float, int]] = []  # (class, bucket, job-s available, jobs)
         released: list[list[tuple[int, float]]] = []  # per class: (bucket, work submitted by)
         for c, members in enumerate(jobs.members):
-            s = jobs.submit[members]
-            avail = np.clip(ends[None, :] - np.maximum(starts[None, :], s[:, None]), 0, None)
-            total = avail.sum(axis=0)
-            present = (avail > 0).sum(axis=0)
-            for b in np.flatnonzero(total > 0).tolist():
+            # By sorted submission times, not a members × buckets matrix: a class may pool
+            # hundreds of thousands of jobs.
+            order = np.argsort(jobs.submit[members], kind="stable")
+            s, work = jobs.submit[members][order], jobs.work[members][order]
+            whole = np.searchsorted(s, starts, side="right")  # there all of the bucket
+            present = np.searchsorted(s, ends, side="left")  # there some of it (s < its end)
+            since = np.concatenate(([0.0], np.cumsum(s)))
+            total = (
+                whole * (ends - starts) + (present - whole) * ends - (since[present] - since[whole])
+            )
+            for b in np.flatnonzero(present > 0).tolist():
                 pairs.append((c, b, float(total[b]), int(present[b])))
                 for q, w in enumerate(jobs.widths[c].tolist()):
                     rows.append((c, b, q, w * float(total[b])))
             # Work submitted by the end of each bucket; a cap only where the next bucket adds.
-            work = jobs.work[members]
-            by = np.array([float(work[s < e].sum()) for e in ends])
+            by = np.concatenate(([0.0], np.cumsum(work)))[present]
             released.append(
                 [(b, float(by[b])) for b in range(len(ends) - 1) if by[b] < by[b + 1]]
                 + [(len(ends) - 1, float(work.sum()))]
@@ -543,7 +562,8 @@ class _Instance:
                 by_pair_bucket.get(last, []),
                 rule=lambda m, n: m.tau[n] <= pairs[n][3] * length / scale * m.lam,
             )
-        self._queue(m, ends, pooled, index, scale, final)
+        if self.checkpoints:
+            self._queue(m, ends, pooled, index, scale, final)
         return m, rows
 
     def _queue(
@@ -571,7 +591,7 @@ class _Instance:
         """
         jobs = self.jobs
         nb = len(ends)
-        step = max(1, nb // QUEUE_CHECKPOINTS)
+        step = max(1, nb // self.checkpoints)
         checks = sorted({*range(step - 1, nb, step), nb - 1})
         total = {c: float(jobs.work[jobs.members[c]].sum()) for c in pooled}
         least = {c: float(jobs.work[jobs.members[c]].min()) for c in pooled}
@@ -617,17 +637,28 @@ class _Instance:
         # Holding: the jobs admitted by the last checkpoint e before bucket b (by the window's
         # start, before the first) that are not done by b's end are admitted all of b. (The
         # last bucket of ``final`` is cut at λ: left out.)
-        holds = []
+        # (Through one sum per checkpoint and class, not one per bucket: with thousands of
+        # jobs the latter would repeat thousands of terms in every bucket.)
+        holds, early = [], {}
         for b in range(nb - 1 if final else nb):
             e = max((x for x in checks if x < b), default=None)
             for c in pooled:
-                early = jobs.members[c][jobs.members[c] < (first if e is None else known[e])]
-                if len(early) and (c, b) in index:
-                    holds.append((e, b, c, early.tolist()))
+                if (c, b) not in index:
+                    continue
+                members = jobs.members[c]
+                if (e, c) not in early:
+                    early[e, c] = members[members < (first if e is None else known[e])].tolist()
+                if early[e, c]:
+                    holds.append((e, b, c))
+        sums = [(e, c) for (e, c), js in early.items() if e is not None and js]
+        m.admitted_by = pyo.Var(sums, bounds=(0.0, None))
+        m.admitted_sum = pyo.Constraint(
+            sums, rule=lambda m, e, c: m.admitted_by[e, c] == sum(m.z[e, j] for j in early[e, c])
+        )
 
         def held(m, n):
-            e, b, c, early = holds[n]
-            admitted = len(early) if e is None else sum(m.z[e, j] for j in early)
+            e, b, c = holds[n]
+            admitted = len(early[e, c]) if e is None else m.admitted_by[e, c]
             not_done = admitted - total[c] / least[c] * m.cum[c, b]
             length = float(ends[b] - (ends[b - 1] if b else self.edges[0]))
             return m.tau[index[c, b]] * scale >= length * not_done
@@ -774,6 +805,7 @@ def e_avail_bound(
         segments = sum(len(hulls[int(x[0])][1]) for x in members)
     while n > MIN_BUCKETS and segments * n * per_row > MAX_VARIABLES:  # then coarsen buckets
         n //= 2
+    checkpoints = min(QUEUE_CHECKPOINTS, QUEUE_VARIABLES // len(jobs)) if slots else 0
     data = _Classes(
         members=members,
         submit=submit,
@@ -783,7 +815,7 @@ def e_avail_bound(
         slopes=[hulls[int(x[0])][1] for x in members],
     )
     ceiling = efficiency_ceiling(jobs)
-    inst = _Instance(profile, data, _edges(profile, submit, n), slots)
+    inst = _Instance(profile, data, _edges(profile, submit, n), slots, checkpoints)
 
     def done(value: float | None, denominator: float, finish: float | None, note=None) -> Bound:
         if value is not None:
@@ -793,6 +825,7 @@ def e_avail_bound(
             denominator,
             finish,
             len(inst.edges) - 1,
+            checkpoints,
             inst.variables,
             inst.constraints,
             inst.solves,
@@ -813,7 +846,7 @@ def e_avail_bound(
             n = max(MIN_BUCKETS, n // 2)
             log.warning("E_avail bound: %s; solving again with %d buckets", exc, n)
             spent = inst.solves, inst.solve_s
-            inst = _Instance(profile, data, _edges(profile, submit, n), slots)
+            inst = _Instance(profile, data, _edges(profile, submit, n), slots, checkpoints)
             inst.solves, inst.solve_s = spent
         except SolverUnavailableError as exc:
             log.warning("no E_avail bound: %s", exc)

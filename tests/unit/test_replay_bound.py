@@ -384,6 +384,36 @@ def test_a_bound_that_times_out_at_the_coarsest_buckets_is_none(monkeypatch) -> 
     assert bound.buckets == bound_module.MIN_BUCKETS and bound.solves > 1
 
 
+@pytest.mark.parametrize("budget, checkpoints", [(80, 8), (30, 3), (9, 0)])
+def test_more_jobs_get_fewer_queue_checkpoints_and_still_a_bound(
+    monkeypatch, budget: int, checkpoints: int
+) -> None:
+    # The queue's variables grow with the jobs (a job set may hold a million): past
+    # QUEUE_VARIABLES the checkpoints thin out, then go. Each set of them is a bound, and none
+    # at all relaxes every set.
+    name = "64n-to-end-3-jobs"  # 10 jobs, 3 slots
+    monkeypatch.setattr(bound_module, "QUEUE_VARIABLES", budget)
+    bound = _fresh_bound(name)
+    assert bound.checkpoints == checkpoints and bound.to_dict()["queue_checkpoints"] == checkpoints
+    if checkpoints == 0:
+        assert bound.value >= _bound(name).value * (1 - SLACK)
+    trace, jobs, config = _instance(name)
+    for policy in POLICIES.values():
+        s = replay(trace, jobs, policy, dataclasses.replace(config, tfwd=60.0)).summary
+        assert s["E_avail"] <= bound.value * (1 + SLACK)
+
+
+@pytest.mark.parametrize("count, checkpoints", [(20_000, 1), (30_000, 0)])
+def test_tens_of_thousands_of_jobs_get_an_exact_bound(count: int, checkpoints: int) -> None:
+    # One slot and one-node jobs: at most one of the two idle nodes is ever used, so 0.5. The
+    # queue's terms stay linear in the jobs (one sum per checkpoint and class), and the jobs'
+    # availability is computed without a jobs × buckets matrix.
+    jobs = [_job(f"j{i}", (0, 1), (0, 1), work=1.0) for i in range(count)]
+    bound = e_avail_bound(idle_trace([True, True], [], 1000), jobs, max_jobs=1)
+    assert bound.checkpoints == checkpoints
+    assert bound.value == pytest.approx(0.5)
+
+
 def test_pooling_identical_jobs_only_relaxes(monkeypatch) -> None:
     # Too many columns: the ten identical shufflenet jobs become one class, their work caps one
     # cap on what has been submitted so far. The same buckets, a weaker but valid bound.
