@@ -187,8 +187,8 @@ def _jobs_path(spec: str) -> Path:
     return default_data_dir() / "jobs" / f"{spec}.json"
 
 
-#: What a user sees while the E_avail bound is solved, after the events.
-BOUND_STAGE = "E_avail bound: solving its LPs with GLPK (--no-bound leaves it out)"
+#: What a user is told during each stage after the events (``replay(stage=...)``).
+STAGES = {"bound": "E_avail bound: solving its LPs with GLPK (--no-bound leaves it out)"}
 
 
 def _progress(end_s: int, start_s: int):
@@ -218,7 +218,7 @@ def _progress(end_s: int, start_s: int):
             )
 
         def stage(name: str) -> None:
-            bar.update(task, completed=total, description=BOUND_STAGE)
+            bar.update(task, completed=total, description=STAGES.get(name, name))
 
         return update, stage, bar.stop
     mark = [0.0]
@@ -234,7 +234,7 @@ def _progress(end_s: int, start_s: int):
             )
 
     def stage_line(name: str) -> None:
-        print(f"replay: {BOUND_STAGE}", file=sys.stderr)
+        print(f"replay: {STAGES.get(name, name)}", file=sys.stderr)
 
     return log, stage_line, lambda: None
 
