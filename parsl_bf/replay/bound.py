@@ -348,7 +348,7 @@ class _Instance:
         jobs: _Classes,
         edges: np.ndarray,
         slots: int | None,
-        checkpoints: int = QUEUE_CHECKPOINTS,
+        checkpoints: int,
     ) -> None:
         self.profile = profile
         self.jobs = jobs
