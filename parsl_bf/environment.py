@@ -19,6 +19,7 @@ __all__ = [
     "THREADS_PER_RANK",
     "VISIBLE_GPUS",
     "FORK_RANKS",
+    "RANK_STEP_ENV",
 ]
 
 #: The pilot's id: the Parsl job id its provider gave it.
@@ -42,3 +43,10 @@ FORK_RANKS = "PARSL_BF_FORK_RANKS"
 VISIBLE_GPUS = "CUDA_VISIBLE_DEVICES"
 #: Where the traces and job sets are (``${PARSL_BF_DATA}`` in configs).
 DATA = "PARSL_BF_DATA"
+#: What a fragment's ranks' launcher runs with under a Slurm allocation. MPICH's Hydra starts
+#: the proxy of every rank on another host as a job step (``srun``); by default a step waits
+#: for CPUs that no other step of the job holds, and the pilot's own steps (ranks, a
+#: predecessor still handing over, a plain app) hold them, so the launch would wait forever
+#: (``step creation temporarily disabled``). Overlapping steps share the pilot's CPUs, as
+#: processes of one allocation on one host do anyway. Only srun reads it.
+RANK_STEP_ENV = {"SLURM_OVERLAP": "1"}

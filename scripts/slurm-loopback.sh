@@ -13,6 +13,16 @@
 # NNODES (4), GRACE_TIME (10 s between the preemption signal and the kill), PREEMPT_MODE
 # (REQUEUE or CANCEL), CTLD_PORT (6817), BASE_PORT (17000). Authentication is auth/none: the
 # daemons listen on loopback only. Needs root (the daemons run as root).
+#
+# HOSTS=netns: separate hosts instead. Each node nI is a host of its own: a network namespace
+# (its own address NETNS_NET.(10+I) on a bridge this script creates, its own `lo`), a UTS
+# namespace (hostname nI) and a private mount namespace (an /etc/hosts naming the machine and
+# every node), with one slurmd inside; slurmctld runs on the machine at NETNS_NET.1. Ranks on
+# two nodes then talk over TCP, as on a real cluster. NETNS_NET (default 10.213.<CTLD_PORT
+# mod 250>: a /24 no route of the machine covers yet) keeps the addresses inside these
+# namespaces and the bridge; a driver that pilots reach must listen on NETNS_NET.1 (written to
+# env.sh as PARSL_BF_ADDRESS). Namespaces and the bridge are named after CTLD_PORT, and
+# `down` removes every one of them (also after a crash).
 # Two clusters on the same ports cannot both run: a second `up` would find the ports taken, or
 # its `down` would leave the first without a controller. Whoever brings a cluster up on shared
 # ports (two test sessions on one machine) holds the lock file of its CTLD_PORT meanwhile.
@@ -25,6 +35,50 @@ mode=${PREEMPT_MODE:-REQUEUE}
 ctld_port=${CTLD_PORT:-6817}
 base_port=${BASE_PORT:-17000}
 conf=$dir/etc/slurm.conf
+hosts_mode=${HOSTS:-loopback}
+# netns names: <= 15 characters (interface names), unique per cluster (its controller port)
+ns_prefix=pbf${ctld_port}n
+bridge=pbfbr${ctld_port}
+net=${NETNS_NET:-10.213.$((ctld_port % 250))}
+
+# Every namespace, veth and bridge of this cluster's ports, whatever `up` got to before a crash.
+netns_down() {
+  command -v ip >/dev/null 2>&1 || return 0
+  for ns in $(ip netns list 2>/dev/null | awk -v p="$ns_prefix" 'index($1, p) == 1 {print $1}'); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 \
+      | grep -E "^(${ns_prefix}v[0-9]+|$bridge)\$" || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
+}
+
+netns_up() {
+  command -v ip >/dev/null 2>&1 || { echo "slurm-loopback: HOSTS=netns needs iproute2 (ip)" >&2; exit 1; }
+  if ip -4 route show | grep -q "^$net\.0/24" && ! ip link show "$bridge" >/dev/null 2>&1; then
+    echo "slurm-loopback: $net.0/24 is routed on this machine already; set NETNS_NET" >&2; exit 1
+  fi
+  ip link add "$bridge" type bridge
+  ip addr add "$net.1/24" dev "$bridge"
+  ip link set "$bridge" up
+  printf '127.0.0.1 localhost\n%s %s\n' "$net.1" "$(hostname -s)" > "$dir/etc/hosts"
+  for i in $(seq 1 "$nodes"); do
+    ns=$ns_prefix$i
+    ip netns add "$ns"
+    ip link add "${ns_prefix}v$i" type veth peer name eth0 netns "$ns"
+    ip link set "${ns_prefix}v$i" master "$bridge" up
+    ip -n "$ns" addr add "$net.$((10 + i))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" route add default via "$net.1"
+    echo "$net.$((10 + i)) n$i" >> "$dir/etc/hosts"
+    # A host's own identity: libraries that tell hosts apart by boot or machine id (UCX picks
+    # shared memory between processes it finds on one machine) see separate hosts.
+    cat /proc/sys/kernel/random/uuid > "$dir/etc/boot_id.n$i"
+    cat /proc/sys/kernel/random/uuid | tr -d - > "$dir/etc/machine-id.n$i"
+  done
+}
 
 down() {
   # Jobs first, through the controller, so that their processes are killed properly.
@@ -52,6 +106,7 @@ down() {
       "$dir"*) pkill -9 -P "$pid" 2>/dev/null || true; kill -9 "$pid" 2>/dev/null || true ;;
     esac
   done
+  netns_down
   echo "slurm-loopback: stopped ($dir)"
 }
 
@@ -71,13 +126,25 @@ up() {
       --no-install-recommends "${missing[@]}" >/dev/null; }
   fi
   [ -d "$dir/run" ] && down >/dev/null
+  netns_down  # a crashed cluster of the same ports
   rm -rf "$dir"
   mkdir -p "$dir"/{etc,run,state,log}
   for i in $(seq 1 "$nodes"); do mkdir -p "$dir/spool/n$i"; done
   host=$(hostname -s)
+  ctld_addr=127.0.0.1
+  node_line="NodeName=n[1-$nodes] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$((base_port + 1))-$((base_port + nodes))]"
+  case "$hosts_mode" in
+    loopback) ;;
+    netns)
+      netns_up
+      ctld_addr=$net.1
+      # every slurmd on the same port: the addresses differ
+      node_line="NodeName=n[1-$nodes] NodeAddr=$net.[11-$((10 + nodes))] Port=$((base_port + 1))" ;;
+    *) echo "slurm-loopback: HOSTS is loopback or netns, not $hosts_mode" >&2; exit 2 ;;
+  esac
   cat > "$conf" <<CONF
 ClusterName=loopback
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($ctld_addr)
 SlurmctldPort=$ctld_port
 AuthType=auth/none
 CredType=cred/none
@@ -108,18 +175,27 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-NodeName=n[1-$nodes] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$((base_port + 1))-$((base_port + nodes))] CPUs=1 RealMemory=1000 State=UNKNOWN
+$node_line CPUs=1 RealMemory=1000 State=UNKNOWN
 PartitionName=main     Nodes=n[1-$nodes] Default=YES PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 PartitionName=backfill Nodes=n[1-$nodes] Default=NO  PriorityTier=1  PreemptMode=$mode GraceTime=$grace MaxTime=INFINITE State=UP
 CONF
   echo "export SLURM_CONF=$conf" > "$dir/env.sh"
+  [ "$hosts_mode" = netns ] && echo "export PARSL_BF_ADDRESS=$ctld_addr" >> "$dir/env.sh"
   export SLURM_CONF=$conf
   slurmctld -f "$conf"
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q 'is UP' && break; sleep 0.1; done
   if ! scontrol ping 2>/dev/null | grep -q 'is UP'; then
     echo "slurm-loopback: slurmctld did not start; see $dir/log/slurmctld.log" >&2; exit 1
   fi
-  for i in $(seq 1 "$nodes"); do slurmd -f "$conf" -N "n$i"; done
+  for i in $(seq 1 "$nodes"); do
+    if [ "$hosts_mode" = netns ]; then
+      # nsenter, not `ip netns exec`: that remounts /sys, and slurmd then finds no cgroup fs.
+      nsenter --net="/run/netns/$ns_prefix$i" unshare --uts --mount --propagation private \
+        sh -c "mount --bind '$dir/etc/hosts' /etc/hosts && mount --bind '$dir/etc/boot_id.n$i' /proc/sys/kernel/random/boot_id && { [ ! -e /etc/machine-id ] || mount --bind '$dir/etc/machine-id.n$i' /etc/machine-id; } && hostname n$i && exec slurmd -f '$conf' -N n$i"
+    else
+      slurmd -f "$conf" -N "n$i"
+    fi
+  done
   idle=0
   for _ in $(seq 300); do
     idle=$(sinfo -h -p main -t idle -o '%D' 2>/dev/null | awk '{s += $1} END {print s + 0}')
@@ -129,7 +205,11 @@ CONF
   if [ "$idle" -lt "$nodes" ]; then
     echo "slurm-loopback: only $idle of $nodes nodes idle after 60 s" >&2; sinfo -R >&2; exit 1
   fi
-  echo "slurm-loopback: $nodes nodes idle; source $dir/env.sh"
+  if [ "$hosts_mode" = netns ]; then
+    echo "slurm-loopback: $nodes hosts idle (n1..n$nodes at $net.11..; driver at $net.1); source $dir/env.sh"
+  else
+    echo "slurm-loopback: $nodes nodes idle; source $dir/env.sh"
+  fi
 }
 
 case "${1:-}" in

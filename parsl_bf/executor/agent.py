@@ -304,6 +304,14 @@ class Agent:
             return
         self.pool.fill()
         log.info("standby ranks: %d starting", size)
+        others = [n for n in self.identity.nodes if n != self.identity.host]
+        if self.identity.host in self.identity.nodes and others:
+            # No agent runs on the pilot's other hosts: their ranks are started by mpiexec
+            # through the job's steps, without the warm start.
+            log.warning(
+                "ranks on %s start cold: this pilot's standby ranks and rank host are on %s only",
+                ",".join(others), self.identity.host,
+            )  # fmt: skip
 
     def _ranks_here(self) -> int:
         """Ranks of launches running on this host: the standby slots they hold."""
@@ -452,7 +460,7 @@ class Agent:
     def _serve(self, poller: zmq.Poller, wake_r: int) -> int:
         i = self.identity
         if self.warm_ranks is not None:  # the size the executor's warm_ranks would ask for
-            self._start_pool(standbys_for(len(i.nodes), i.gpus), self.warm_ranks)
+            self._start_pool(standbys_for(i.nodes, i.host, i.gpus), self.warm_ranks)
         registration = {"pilot": i.pilot, "nodes": list(i.nodes), "ends_at": i.ends_at}
         registration |= {"host": i.host, "gpus": i.gpus}
         self._sock.send_multipart(self.session.register(registration))

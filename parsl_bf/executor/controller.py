@@ -132,6 +132,9 @@ NOTICE_MARGIN = 2.0
 NOTICE_SLACK_S = 0.25
 #: Clean stops remembered per task: a slower stop raises the notice for this many stops.
 STOPS_KEPT = 10
+#: A fragment's start may take this many times the task's longest measured start (a start on
+#: a loaded node is slower, a launch that cannot start never ends) before it counts as failed.
+START_MARGIN = 4.0
 #: Why a pilot leaves, when a fragment that also runs on pilots that stay gives its ranks
 #: there back in place (``shrink_in_place``) instead of stopping: a cancelled pilot's ranks
 #: are ours to stop, and a pilot gone took them already.
@@ -287,6 +290,10 @@ class Fragment:
     # before anything asked it to stop): the fragment's end is a failure, not a stop, even
     # though its other launchers were then stopped.
     failed: bool = False
+    # Its ranks have not all reported their first step: stop it as a failed start if they
+    # have not by then (None: started).
+    start_deadline: float | None = None
+    why_failed: str = ""  # what a failure was, when not an exit code (a start that timed out)
 
 
 @dataclass
@@ -331,6 +338,11 @@ class Controller:
         takes over from the checkpoint whenever it is ready).
     stop_grace_s
         A fragment told to stop whose launchers have not all exited by then is killed.
+    start_timeout_s
+        A fragment whose ranks have not reported their first step this long after its start
+        (or :data:`START_MARGIN` times the task's longest measured start, when longer) is
+        stopped as a failed start: restarted, counted as a restart, or its task failed
+        (a launcher that can never get its CPUs, ranks that cannot reach each other).
     max_restarts
         Fragments of a task restarted from its checkpoint after a failure that is not the
         task's own (a crashed rank, a lost node, out of memory) before its future fails, as
@@ -352,6 +364,7 @@ class Controller:
         walltime_notice_s: float = 5.0,
         handover_timeout_s: float = 120.0,
         stop_grace_s: float = 45.0,
+        start_timeout_s: float = 120.0,
         max_restarts: int = 3,
         shrink_in_place: bool = False,
         grow_in_place: bool = False,
@@ -362,6 +375,7 @@ class Controller:
         self.grow_in_place = grow_in_place
         self.walltime_notice_s = walltime_notice_s
         self.handover_timeout_s, self.stop_grace_s = handover_timeout_s, stop_grace_s
+        self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts
         self.pilots: dict[str, PilotView] = {}
         self.elastic: dict[str, ElasticTask] = {}
@@ -423,6 +437,7 @@ class Controller:
                 task_id, generation, event.key, event.code, event.result, now, out
             )
         elif isinstance(event, Progress):
+            self._started(event.task)
             self._progress(event)
         elif isinstance(event, Evaluated):
             task = self.elastic.get(event.task)
@@ -431,6 +446,7 @@ class Controller:
         elif isinstance(event, FragmentStarted):
             task = self.elastic.get(event.task)
             if task is not None:
+                self._started(task.id)
                 task.last_reported = event.samples
                 if task.resumed_samples is None:
                     task.resumed_samples = event.samples
@@ -438,6 +454,7 @@ class Controller:
                     task.redone_samples += max(0, task.redo_from - event.samples)
                     task.redo_from = None
         elif isinstance(event, Rescaled):
+            self._started(event.task)  # it trains at its new size
             task = self.elastic.get(event.task)
             if task is not None and event.in_place:
                 task.last_reported = None  # the first report after it spans the resize
@@ -534,6 +551,10 @@ class Controller:
                 fragment.grow_deadline = None
                 self.elastic[fragment.task].state = "stopping"
                 self._stop(fragment.task, fragment.generation, "grow not done", now, out)
+            late = fragment.start_deadline is not None and now > fragment.start_deadline
+            if late and fragment.stop_reason is None:
+                fragment.start_deadline = None
+                self._start_timed_out(fragment, now, out)
             if fragment.kill_at is not None and now > fragment.kill_at:
                 fragment.kill_at = None
                 out += [
@@ -550,6 +571,30 @@ class Controller:
             out.append(Note("pilot_ending", {"pilot": pilot}))
             self._on(PilotLeaving(pilot, "walltime"), now, out)
         return bool(ending)
+
+    def _started(self, task_id: str) -> None:
+        """The task's ranks train: no start of its is late (reports name no generation)."""
+        for fragment in self.fragments.values():
+            if fragment.task == task_id:
+                fragment.start_deadline = None
+
+    def start_timeout(self, task: ElasticTask) -> float:
+        """How long ``task``'s fragment may take from its start to its first step: the
+        configured floor, or :data:`START_MARGIN` times its longest measured start."""
+        return max(self.start_timeout_s, START_MARGIN * max(task.measured_rescale_s, default=0))
+
+    def _start_timed_out(self, fragment: Fragment, now: float, out: list[Command]) -> None:
+        """Its ranks never all reported: stop the launch as a failed one (a restart, or the
+        task's failure once it has none left), naming where it ran."""
+        task = self.elastic[fragment.task]
+        where = "; ".join(f"pilot {p} hosts {','.join(h)}" for p, h in fragment.placement)
+        fragment.failed = True
+        fragment.why_failed = (
+            f"its ranks had not started training {self.start_timeout(task):.0f} s after "
+            f"the launch ({where})"
+        )
+        out.append(Note("fragment_start_timeout", _names(fragment) | {"where": where}))
+        self._stop(task.id, fragment.generation, "start timed out", now, out)
 
     def notices(self) -> dict[str, float]:
         """How long before its walltime each pilot's fragments are told to stop (module
@@ -591,7 +636,9 @@ class Controller:
 
     # --- fragments --------------------------------------------------------------------------
 
-    def _start(self, task: ElasticTask, nodes: Sequence[Node], after: int | None) -> StartFragment:
+    def _start(
+        self, task: ElasticTask, nodes: Sequence[Node], after: int | None, now: float
+    ) -> StartFragment:
         task.nodes, task.generation = tuple(nodes), task.generation + 1
         start = StartFragment(task.id, task.generation, _placement(nodes), after)
         self.fragments[(task.id, task.generation)] = Fragment(
@@ -602,6 +649,11 @@ class Controller:
                 for g, (p, _) in enumerate(start.placement)
             },
             placement=start.placement,
+            # A warm successor's first step waits for its predecessor's stop, which waits for
+            # the successor's readiness at most the hand-over's timeout.
+            start_deadline=now
+            + self.start_timeout(task)
+            + (self.handover_timeout_s if after is not None else 0.0),
         )
         return start
 
@@ -765,15 +817,14 @@ class Controller:
             # from the checkpoint.
             task.restarts += 1
             task.redo_from = max(task.redo_from or 0, task.samples)
-            out.append(
-                Note(
-                    "fragment_failed",
-                    names | {"code": fragment.code, "restarts": task.restarts},
-                )
-            )
+            failed = names | {"code": fragment.code, "restarts": task.restarts}
+            if fragment.why_failed:
+                failed["why"] = fragment.why_failed
+            out.append(Note("fragment_failed", failed))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
         else:
-            why = f"exit {fragment.code} after {task.restarts} restarts"
+            why = fragment.why_failed or f"exit {fragment.code}"
+            why = f"{why} after {task.restarts} restarts"
             self._fail(task, why, fragment.generation, out)
             self._ended(task, fragment.generation, "failed", samples, now, out)
 
@@ -1078,7 +1129,7 @@ class Controller:
                 continue
             if running and step.nodes and self.warm_rescale and added <= available:
                 old = task.previous = (task.generation, task.nodes)
-                out.append(self._start(task, step.nodes, after=old[0]))
+                out.append(self._start(task, step.nodes, after=old[0], now=now))
                 self.handovers[(task.id, task.generation)] = _Handover(
                     old[0], step.action.value, now + self.handover_timeout_s
                 )
@@ -1091,7 +1142,7 @@ class Controller:
                 continue
             elif step.nodes:
                 task.state = "running"
-                out.append(self._start(task, step.nodes, after=None))
+                out.append(self._start(task, step.nodes, after=None, now=now))
 
 
 def _names(fragment: Fragment) -> dict[str, Any]:

@@ -117,6 +117,8 @@ ELASTIC_KEYS = frozenset(
 
 # Deadlines, progress reports and ready files are looked at this often.
 TICK_S = 1.0
+#: Event-log notes also logged as warnings: a launch given up, a fragment that failed.
+WARNED_NOTES = ("fragment_start_timeout", "fragment_failed", "task_failed")
 #: How often a warm successor's ready file is looked for between ticks (a ready standby rank
 #: is set up in a fraction of a second, and its predecessor trains on until it is seen).
 READY_POLL_S = 0.02
@@ -206,6 +208,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         it as a stop and starts again at the new size.
     heartbeat_timeout_s : float
         A pilot silent this long is considered gone.
+    start_timeout_s : float
+        A fragment whose ranks have not all started training this long after its launch (or
+        four times the task's longest measured start, when longer) is stopped, logged and
+        restarted as after a crashed rank (a restart, out of ``max_restarts``); then the
+        task's future fails with an error that names the pilots, the hosts and the ranks'
+        last lines. A launch that cannot start (job steps that never get their CPUs, ranks
+        that cannot reach each other) never hangs.
     mpiexec : str
         The MPI launcher for fragment ranks (default: the one next to this Python).
     mpi_hosts : bool
@@ -242,6 +251,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         shrink_in_place: bool = True,
         grow_in_place: bool = True,
         heartbeat_timeout_s: float = 15.0,
+        start_timeout_s: float = 120.0,
         mpiexec: str | None = None,
         mpi_hosts: bool = False,
         address: str = "127.0.0.1",
@@ -290,6 +300,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             walltime_notice_s,
             # Ranks blocked on a peer that died with its pilot: killed after this.
             stop_grace_s=max(30.0, 3 * heartbeat_timeout_s),
+            start_timeout_s=start_timeout_s,
             max_restarts=max_restarts,
             # Each rank its own MPI job: one that leaves exits at once.
             shrink_in_place=shrink_in_place and warm_ranks,
@@ -598,7 +609,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         for pilot, up in self.server.pilots.items():
             if pilot not in self._warmed:
                 self._warmed.add(pilot)
-                size = standbys_for(len(up.nodes), up.gpus)
+                size = standbys_for(up.nodes, up.host, up.gpus)
                 self._send(pilot, {"op": "warm_ranks", "size": size, "mpiexec": self.mpiexec})
 
     def _events_of(self, item: object) -> list[Event]:
@@ -750,6 +761,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             directory = self._submissions[command.task].directory
             write_result(directory.result(command.generation), {"status": "lost", "samples": 0})
         elif isinstance(command, Note):
+            if command.event in WARNED_NOTES:  # what a user must see without the event log
+                log.warning("%s: %s: %s", self.label, command.event, command.fields)
             self.event_log.emit(command.event, **command.fields)
 
     def _not_carried_out(self, command: Command, exc: Exception) -> None:
@@ -835,6 +848,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 hosts_ = hosts if self.mpi_hosts else None
                 argv = mpiexec_argv(count, hosts_, self.mpiexec, per) + argv
                 env[environment.LOCAL_RANKS] = str(per)
+                env |= environment.RANK_STEP_ENV
             first += count
             self._launch_group(start.task, start.generation, g, pilot, argv, env, rank_spec)
         if start.after is not None:

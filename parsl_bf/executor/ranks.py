@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,10 +75,15 @@ RANKS_KEY = "ranks"
 REFILL_DELAY_S = 2.0
 
 
-def standbys_for(nodes: int, gpus: int) -> int:
-    """How many standby ranks a pilot keeps: one for each rank it may run (a rank per GPU of
-    each node, one per node without)."""
-    return nodes * max(1, gpus)
+def standbys_for(nodes: Sequence[str], host: str, gpus: int) -> int:
+    """How many standby ranks a pilot's agent on ``host`` keeps: one for each rank that may run
+    on this host (a rank per GPU of each node, one per node without). When the host is one of
+    the pilot's ``nodes`` they are separate hosts, and only this one's ranks are warm here: a
+    standby is a process of this host, and the other hosts' ranks start cold (``mpiexec -hosts``
+    through the job's steps) since no agent runs there. Otherwise (emulated nodes, a loopback
+    cluster's nodes) every node is this host."""
+    here = 1 if host in nodes else len(nodes)
+    return max(1, here) * max(1, gpus)
 
 
 def rank_argv(argv: list[str], rank: int, ranks: int) -> list[str]:
@@ -211,11 +217,14 @@ class RankPool:
         while not (self.broken or self.stopped) and self._filled() < want:
             self._tokens += 1
             relay = self.host is not None
+            # A standby serves this host: its proxy is forked here, never started as a job
+            # step on whichever node of the allocation the launcher would pick.
+            argv = [self.mpiexec, "-launcher", "fork"]
             if relay:  # a bare interpreter: no warm-up, so no competing with the ranks
-                argv = [self.mpiexec, "-pmi-port", "-n", "1", sys.executable, "-I", "-S"]
+                argv += ["-pmi-port", "-n", "1", sys.executable, "-I", "-S"]
                 argv.append(relay_module.__file__)
             else:
-                argv = [self.mpiexec, "-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
+                argv += ["-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
                 argv += ["--nice"] if nice else []
             argv += ["--connect", self.path, "--token", str(self._tokens)]
             try:
@@ -504,7 +513,7 @@ def launch_ranks(
             with output(stdout) as out, output(stderr) as err:
                 proc = subprocess.Popen(
                     cold + command,
-                    env={**os.environ, **rank_env},
+                    env={**os.environ, **environment.RANK_STEP_ENV, **rank_env},
                     cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=out,

@@ -290,6 +290,33 @@ def test_crashes_beyond_max_restarts_fail_the_task_once() -> None:
     assert not _of(StartFragment, c.handle([_up("p2", "n2")], NOW + 3))
 
 
+def test_a_launch_whose_ranks_never_train_is_stopped_restarted_then_failed() -> None:
+    """A start that never reports a step (job steps that never get their CPUs) is stopped
+    at its deadline, counted as a restart, and the last one fails the task naming where it
+    ran; a start that reports in time is left alone."""
+    c = _controller(max_restarts=1, start_timeout_s=30)
+    (start,) = c.handle([TaskSubmitted(_task("a", 2, 2)), _up("p1", "n1", "n2")], NOW)
+    assert not _terms(c.handle([Tick()], NOW + 29))  # not yet late
+    out = c.handle([Tick()], NOW + 31)
+    assert "fragment_start_timeout" in _notes(out)
+    assert _terms(out) == {("p1", fragment_key("a", 1, 0))}
+    # Its launcher, told to stop while it waited, exits: a failed start, tried again.
+    out = c.handle(_exits(start, None, code=-15), NOW + 32)
+    assert not _of(Fail, out) and "fragment_failed" in _notes(out)
+    (again,) = _of(StartFragment, out)
+    assert c.elastic["a"].restarts == 1
+    out = c.handle([Tick()], NOW + 32 + 31)
+    assert _terms(out) == {("p1", fragment_key("a", 2, 0))}
+    (fail,) = _of(Fail, c.handle(_exits(again, None, code=-15), NOW + 64))
+    assert "had not started training" in fail.error and "pilot p1 hosts n1,n2" in fail.error
+    assert "after 1 restarts" in fail.error and c.elastic["a"].state == "failed"
+    # A start that trains before its deadline is never stopped for it.
+    c = _controller(start_timeout_s=30)
+    c.handle([TaskSubmitted(_task("b", 1, 1)), _up("p1", "n1")], NOW)
+    c.handle([FragmentStarted("b", 0)], NOW + 5)
+    assert not _terms(c.handle([Tick()], NOW + 1000))
+
+
 def test_an_exception_in_the_tasks_own_code_fails_at_once_with_its_traceback() -> None:
     c = _controller(max_restarts=5)
     (start,) = c.handle([TaskSubmitted(_task("a")), _up("p1", "n1")], NOW)
