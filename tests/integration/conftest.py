@@ -20,7 +20,7 @@ from parsl_bf.executor.channel import PilotServer, read_secret, write_secret
 
 from .agents import AGENT, Events, pilot_env
 from .fragments import rank
-from .slurm import loopback_cluster, quiesce, unavailable
+from .slurm import loopback_cluster, netns_unavailable, quiesce, unavailable
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +31,27 @@ def slurm_env(tmp_path_factory):
     directory = tmp_path_factory.mktemp("slurm")
     with loopback_cluster(directory, 4, grace_s=10, ctld_port=16817, base_port=27000) as env:
         yield env
+
+
+@pytest.fixture(scope="session")
+def hosts_env(tmp_path_factory):
+    """A Slurm cluster of 4 separate hosts (``HOSTS=netns``): ranks on two of them talk over
+    TCP. Its environment has ``PARSL_BF_ADDRESS``, where the hosts reach this machine."""
+    if why := netns_unavailable():
+        pytest.skip(why)
+    directory = tmp_path_factory.mktemp("slurm-hosts")
+    with loopback_cluster(
+        directory, 4, grace_s=10, ctld_port=16917, base_port=27100, hosts="netns"
+    ) as env:
+        yield env
+
+
+@pytest.fixture
+def hosts(hosts_env, monkeypatch):
+    """The separate hosts' cluster with SLURM_CONF set, every job cancelled afterwards."""
+    monkeypatch.setenv("SLURM_CONF", hosts_env["SLURM_CONF"])
+    yield hosts_env
+    quiesce(hosts_env, timeout=60)
 
 
 @pytest.fixture

@@ -31,6 +31,19 @@ def unavailable() -> str | None:
     return None
 
 
+def netns_unavailable() -> str | None:
+    """Why no cluster of separate hosts (``HOSTS=netns``) can start here; None when one can."""
+    if why := unavailable():
+        return why
+    for tool in ("ip", "nsenter", "unshare"):
+        if shutil.which(tool) is None:
+            return f"separate hosts need {tool} (Debian: iproute2, util-linux)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"network namespaces are not available here: {probe.stderr.strip()}"
+    return None
+
+
 @contextmanager
 def loopback_cluster(
     directory: str | Path,
@@ -40,10 +53,13 @@ def loopback_cluster(
     base_port: int,
     grace_s: int = 10,
     preempt_mode: str = "REQUEUE",
+    hosts: str = "loopback",
 ) -> Iterator[dict[str, str]]:
     """A cluster of ``nodes`` fake nodes (``n1`` …) configured and run under ``directory``,
     on ports apart from other clusters'; yields the environment of its commands (with
-    ``SLURM_CONF``). Stopped on leaving, errors included. Needs root (:func:`unavailable`).
+    ``SLURM_CONF``; with ``hosts="netns"`` each node a host of its own, and
+    ``PARSL_BF_ADDRESS`` the machine's address on their bridge). Stopped on leaving, errors
+    included. Needs root (:func:`unavailable`).
     Another session's cluster on the same ports is waited for (:func:`ports_lock`)."""
     env = {
         **os.environ,
@@ -53,11 +69,17 @@ def loopback_cluster(
         "PREEMPT_MODE": preempt_mode,
         "CTLD_PORT": str(ctld_port),
         "BASE_PORT": str(base_port),
+        "HOSTS": hosts,
     }
     with ports_lock(ctld_port):
         try:
             subprocess.run([str(SCRIPT), "up"], env=env, check=True, timeout=900)
-            yield {**env, "SLURM_CONF": str(Path(directory) / "etc" / "slurm.conf")}
+            exported = dict(
+                line.removeprefix("export ").split("=", 1)
+                for line in (Path(directory) / "env.sh").read_text().splitlines()
+                if line.startswith("export ")
+            )
+            yield {**env, **exported}
         finally:
             subprocess.run([str(SCRIPT), "down"], env=env, timeout=120)
 

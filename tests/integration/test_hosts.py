@@ -1,0 +1,114 @@
+"""Elastic tasks on a Slurm cluster of separate hosts (``scripts/slurm-loopback.sh``
+``HOSTS=netns``: each node its own network, UTS and mount namespace, so ranks on two nodes
+talk over TCP). The BackfillExecutor as a site runs it: ``mpi_hosts=True``, ``address`` where
+the hosts reach this machine, one agent per pilot; a fragment's ranks on the pilot's other
+hosts are job steps of the pilot. Outcomes and order only, never durations."""
+
+from __future__ import annotations
+
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from parsl_bf.executor import BackfillExecutor, FragmentFailed
+from parsl_bf.training.command import MPIEXEC
+from parsl_bf.training.reports import read_reports
+
+from .htex import ROOT
+
+pytestmark = pytest.mark.slow
+BATCH = 64
+
+
+def _config(env, tmp_path: Path, **executor):
+    from parsl.config import Config
+    from parsl.launchers import SimpleLauncher
+
+    from parsl_bf.providers import SlurmBackfillProvider
+
+    provider = SlurmBackfillProvider(
+        partition="backfill",
+        min_nodes=2,
+        max_nodes=2,
+        min_walltime="00:02:00",
+        max_walltime="00:20:00",
+        launcher=SimpleLauncher(),
+        max_blocks=1,
+        status_polling_interval=1,
+    )
+    bf = BackfillExecutor(
+        label="bf",
+        provider=provider,
+        allocator={"tfwd": 30},
+        mpi_hosts=True,
+        address=env["PARSL_BF_ADDRESS"],
+        **executor,
+    )
+    return Config(executors=[bf], strategy_period=1, run_dir=str(tmp_path / "runinfo"))
+
+
+def _launched_on(env, host: str) -> tuple[int, int]:
+    """Batch scripts (a pilot's agent) and job steps (srun) the host's slurmd started."""
+    text = (Path(env["SLURM_LOOPBACK_DIR"]) / "log" / f"slurmd-{host}.log").read_text()
+    return len(re.findall("Launching batch job", text)), len(re.findall("launch task", text))
+
+
+def test_a_fragment_trains_with_ranks_on_two_hosts(hosts, tmp_path: Path, monkeypatch) -> None:
+    import parsl
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    before = {h: _launched_on(hosts, h) for h in ("n1", "n2", "n3", "n4")}
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=2000, min_nodes=2, max_nodes=2
+    )
+    with parsl.load(_config(hosts, tmp_path)):
+        result = train(lr=0.05, width=8, global_batch=BATCH).result(timeout=600)
+    parsl.clear()
+    assert result["status"] == "done" and result["samples"] == 2000
+    assert result["world"] == 2 and result["restarts"] == 0
+    # One rank on the agent's host (forked there), the other a job step on a second host.
+    after = {h: _launched_on(hosts, h) for h in before}
+    agent = [h for h in before if after[h][0] > before[h][0]]
+    stepped = [h for h in before if after[h][1] > before[h][1]]
+    assert len(agent) == 1 and len(stepped) == 1 and agent != stepped, (agent, stepped)
+    reports = [r for f in tmp_path.rglob("progress.jsonl") for r in read_reports(f)]
+    assert any(r["event"] == "step" and r["world"] == 2 for r in reports)
+
+
+def test_a_launch_that_cannot_start_fails_the_future_naming_where(
+    hosts, tmp_path: Path, monkeypatch
+) -> None:
+    """Ranks for another host whose launcher never starts them (a job step that can never
+    get its CPUs): stopped at the start bound, restarted once, then the future fails with
+    an error naming the pilot and its hosts."""
+    import parsl
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    # Each rank sent to a named host waits for ever, as an srun step without CPUs would;
+    # the agent's own standbys (no -hosts) start as usual.
+    launcher = tmp_path / "mpiexec"
+    launcher.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -hosts "*) exec sleep 100000 ;; esac\nexec {MPIEXEC} "$@"\n'
+    )
+    launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR)
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=2000, min_nodes=2, max_nodes=2
+    )
+    config = _config(hosts, tmp_path, mpiexec=str(launcher), start_timeout_s=10, max_restarts=1)
+    with parsl.load(config):
+        future = train(lr=0.05, width=8, global_batch=BATCH)
+        with pytest.raises(FragmentFailed) as failed:
+            future.result(timeout=600)
+    parsl.clear()
+    message = str(failed.value)
+    assert "had not started training" in message and "after 1 restarts" in message
+    assert re.search(r"pilot \S+ hosts n\d,n\d", message), message
+    events = [line for f in tmp_path.rglob("events.jsonl") for line in f.read_text().splitlines()]
+    timeouts = [e for e in events if '"fragment_start_timeout"' in e]
+    assert len(timeouts) == 2  # the first launch and its restart
