@@ -6,8 +6,11 @@ hosts are job steps of the pilot. Outcomes and order only, never durations."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,13 +19,15 @@ from parsl_bf.executor import BackfillExecutor, FragmentFailed
 from parsl_bf.training.command import MPIEXEC
 from parsl_bf.training.reports import read_reports
 
+from ..waiting import until
 from .htex import ROOT
+from .slurm import run, sbatch
 
 pytestmark = pytest.mark.slow
 BATCH = 64
 
 
-def _config(env, tmp_path: Path, **executor):
+def _config(env, tmp_path: Path, nodes: int = 2, blocks: int = 1, **executor):
     from parsl.config import Config
     from parsl.launchers import SimpleLauncher
 
@@ -30,12 +35,12 @@ def _config(env, tmp_path: Path, **executor):
 
     provider = SlurmBackfillProvider(
         partition="backfill",
-        min_nodes=2,
-        max_nodes=2,
+        min_nodes=nodes,
+        max_nodes=nodes,
         min_walltime="00:02:00",
         max_walltime="00:20:00",
         launcher=SimpleLauncher(),
-        max_blocks=1,
+        max_blocks=blocks,
         status_polling_interval=1,
     )
     bf = BackfillExecutor(
@@ -112,3 +117,82 @@ def test_a_launch_that_cannot_start_fails_the_future_naming_where(
     events = [line for f in tmp_path.rglob("events.jsonl") for line in f.read_text().splitlines()]
     timeouts = [e for e in events if '"fragment_start_timeout"' in e]
     assert len(timeouts) == 2  # the first launch and its restart
+
+
+def _worlds(tmp_path: Path) -> list[int]:
+    """The world sizes of the task's steps, in the order its ranks reported them."""
+    return [
+        r["world"]
+        for f in sorted(tmp_path.rglob("progress.jsonl"))
+        for r in read_reports(f)
+        if r["event"] == "step"
+    ]
+
+
+def test_a_preempted_hosts_ranks_leave_and_the_fragment_trains_on_the_other(
+    hosts, tmp_path: Path, monkeypatch
+) -> None:
+    """Two one-node pilots on two hosts, one fragment over both; a main job preempts one of
+    them: its rank leaves, the other host's trains on (``min_nodes`` 1 stays), no work lost."""
+    import parsl
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=30_000, min_nodes=1, max_nodes=2
+    )
+    executor_config = _config(hosts, tmp_path, nodes=1, blocks=2)
+    with parsl.load(executor_config):
+        executor = executor_config.executors[0]
+        future = train(lr=0.05, width=8, global_batch=BATCH)
+        until(lambda: 2 in _worlds(tmp_path), 300)
+        pilots = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%N").split()
+        assert len(set(pilots)) == 2, pilots  # one pilot on each of two hosts
+        sbatch(hosts, "main", 1, "sleep 20", "-w", pilots[-1], "--time=1")
+        result = future.result(timeout=600)
+        preemptions = executor.preemptions
+    parsl.clear()
+    assert result["status"] == "done" and result["samples"] == 30_000
+    assert result["restarts"] == 0 and preemptions >= 1
+    worlds = _worlds(tmp_path)
+    assert 1 in worlds[worlds.index(2) :], worlds  # trained on one host after the preemption
+
+
+def test_a_rank_killed_on_the_other_host_resumes_from_the_checkpoint(
+    hosts, tmp_path: Path, monkeypatch
+) -> None:
+    """A fragment over two pilots on two hosts loses the rank on the second pilot's host
+    (SIGKILL, as the OOM killer would): it restarts from its checkpoint and finishes."""
+    import parsl
+
+    from parsl_bf.executor import elastic_app
+
+    from .test_no_work_lost import _ranks
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=30_000, min_nodes=2, max_nodes=2
+    )
+    config = _config(hosts, tmp_path, nodes=1, blocks=2, checkpoint_every=5, max_restarts=2)
+    with parsl.load(config):
+        future = train(lr=0.05, width=8, global_batch=BATCH)
+        until(lambda: 2 in _worlds(tmp_path), 300)
+        until(lambda: any(tmp_path.rglob("ckpt-*.pt")), 300, "no checkpoint")
+        pilots = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%N").split()
+        namespaces = {_netns(pid): pid for pid in _ranks(str(tmp_path))}
+        assert len(namespaces) == 2, namespaces  # a rank on each host
+        # The rank on the second pilot's host (namespace "...n<i>" for host n<i>).
+        (victim,) = [pid for ns, pid in namespaces.items() if ns.endswith(pilots[-1])]
+        os.kill(victim, signal.SIGKILL)
+        result = future.result(timeout=600)
+    parsl.clear()
+    assert result["status"] == "done" and result["samples"] == 30_000
+    assert result["restarts"] == 1
+
+
+def _netns(pid: int) -> str:
+    """The network namespace a process runs in (its host on this cluster)."""
+    return subprocess.run(
+        ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
+    ).stdout.strip()
