@@ -56,6 +56,7 @@ evaluation: setup
 	$(BIN)/python benchmarks/evaluation.py
 
 # A real multi-node Slurm cluster on this machine (root): see scripts/slurm-loopback.sh.
+# `make slurm-up HOSTS=netns`: each node a host of its own (network namespaces).
 slurm-up:
 	scripts/slurm-loopback.sh up
 
