@@ -38,6 +38,7 @@ import json
 import multiprocessing as mp
 import os
 import pstats
+import queue
 import random
 import shutil
 import statistics
@@ -53,6 +54,7 @@ import zmq
 from parsl.providers.base import ExecutionProvider
 
 from parsl_bf.executor.channel import AgentSession, client_socket, read_secret
+from parsl_bf.executor.ranks import RANKS_KEY
 from parsl_bf.training.reports import write_result
 
 NODES, BURST_S, WORK = 4734, 10.0, 10**12
@@ -215,13 +217,19 @@ class Agents:
         else:
             flags = {a[2:]: b for a, b in zip(argv, argv[1:], strict=False) if a[:2] == "--"}
             task, _, group = key.split("#")
-            ranks, groups = int(argv[argv.index("-n") + 1]), int(flags.get("groups", 1))
-            proc = p.procs[key] = Proc(key, task, int(group), groups, ranks, flags)
-            if groups > 1:  # the launchers' sizes meet in the rendezvous directory
-                Path(flags["rendezvous"]).mkdir(parents=True, exist_ok=True)
-                (Path(flags["rendezvous"]) / f"group{group}.n").write_text(str(ranks))
-            else:
-                proc.world = ranks
+            spec = msg.get(RANKS_KEY)
+            if spec is not None:  # warm ranks (the default): the launch names its world
+                ranks = int(spec["count"])
+                proc = Proc(key, task, int(group), 1, ranks, flags, world=int(spec["of"]))
+            else:  # one mpiexec per launcher: the sizes meet in the rendezvous directory
+                ranks, groups = int(argv[argv.index("-n") + 1]), int(flags.get("groups", 1))
+                proc = Proc(key, task, int(group), groups, ranks, flags)
+                if groups > 1:
+                    Path(flags["rendezvous"]).mkdir(parents=True, exist_ok=True)
+                    (Path(flags["rendezvous"]) / f"group{group}.n").write_text(str(ranks))
+                else:
+                    proc.world = ranks
+            p.procs[key] = proc
             if proc.group == 0:
                 self.at(now + STARTUP_S, self.step, p, proc)
 
@@ -264,7 +272,7 @@ class Agents:
                     self.exit(p, proc, -9)
             elif op == "shutdown":
                 self.bye(p, "shutdown")
-            elif op not in ("welcome", "ping", "signal"):
+            elif op not in ("welcome", "ping", "signal", "warm_ranks"):  # no ranks to warm here
                 self.errors[f"op {op}"] += 1
 
     def run(self) -> dict:
@@ -291,6 +299,24 @@ class Agents:
             "lag_p95": pct(self.lag, 95),
             "cpu_s": cpu.user + cpu.system - cpu0.user - cpu0.system,
         }
+
+
+def _result(q, children: list, timeout: float):
+    """The next item of ``q``, from one of ``children``; exit 1 at once (not after
+    ``timeout``) when one of them died first: its traceback is on stderr already."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return q.get(timeout=0.5)
+        except queue.Empty:
+            pass
+        dead = [p for p in children if p.exitcode not in (None, 0)]
+        if dead:
+            for p in children:
+                p.kill()
+            sys.exit(f"control_plane: {dead[0].name} exited with {dead[0].exitcode} (above)")
+        if time.monotonic() > deadline:
+            sys.exit(f"control_plane: no result from {len(children)} process(es) in {timeout} s")
 
 
 def _agents_main(c: dict, q, go, t0) -> None:
@@ -459,7 +485,7 @@ def run_size(pilots: int, c: dict) -> dict:
     ]
     for w in workers:
         w.start()
-    assert all(q.get(timeout=120) == "ready" for _ in workers)
+    assert all(_result(q, workers, 120) == "ready" for _ in workers)
     c = c | {"t0": time.time() + 0.5}
     t0v.value = c["t0"]
     go.set()
@@ -470,7 +496,7 @@ def run_size(pilots: int, c: dict) -> dict:
         own = cpu.user + cpu.system + cpu.children_user + cpu.children_system
         snaps.append((time.time(), list(counts), own, _busy()))
         fds = max(fds, len(os.listdir("/proc/self/fd")))
-    stats = [q.get(timeout=120) for _ in workers]
+    stats = [_result(q, workers, 120) for _ in workers]
     drained = time.time() + 60  # let the decision thread finish what arrived in the window
     while (ex._inbox.qsize() or ex._lock.locked()) and time.time() < drained:
         time.sleep(0.2)
@@ -622,7 +648,7 @@ def main() -> int:
         q = spawn.Queue()
         proc = spawn.Process(target=_size_main, args=(pilots, c, q))
         proc.start()
-        results[f"P{pilots}"] = r = q.get(timeout=c["end"] + 600)
+        results[f"P{pilots}"] = r = _result(q, [proc], c["end"] + 600)
         proc.join(timeout=60)
         note(f"P{pilots}: done, {len(r['solve_log'])} solves")
 

@@ -219,9 +219,11 @@ class RankPool:
             relay = self.host is not None
             # A standby serves this host: its proxy is forked here, never started as a job
             # step on whichever node of the allocation the launcher would pick.
-            argv = [self.mpiexec, "-launcher", "fork"]
+            # -pmi-port first: a site's wrapper that drops it (its ranks get PMI_FD) is
+            # found by the missing PMI_PORT, whatever else it parses.
+            argv = [self.mpiexec] + (["-pmi-port"] if relay else []) + ["-launcher", "fork"]
             if relay:  # a bare interpreter: no warm-up, so no competing with the ranks
-                argv += ["-pmi-port", "-n", "1", sys.executable, "-I", "-S"]
+                argv += ["-n", "1", sys.executable, "-I", "-S"]
                 argv.append(relay_module.__file__)
             else:
                 argv += ["-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
