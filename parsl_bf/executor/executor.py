@@ -289,6 +289,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._training = False  # an elastic task was submitted: standbys are worth their cost
         self._held_until: float | None = None  # the error handler's hold last logged
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.start_timeout_s = start_timeout_s
         self.mpiexec = mpiexec or MPIEXEC
         self.mpi_hosts, self.address = mpi_hosts, address
         # The hand-over deadline is the controller's default.
