@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # torch: the exact CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH  := torch==2.13.0
 
-.PHONY: setup system-deps test test-quick test-parsl-suite run lint bench evaluation slurm-up slurm-down clean
+.PHONY: setup system-deps test test-quick test-parsl-suite run lint bench bench-quick evaluation slurm-up slurm-down clean
 
 setup: system-deps $(STAMP)
 
@@ -50,6 +50,11 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/allocator.py
 	$(BIN)/python benchmarks/formulations.py
+
+# Every benchmark in its --quick mode: each must run, end with its JSON line and flag nothing
+# (what CI checks; never a speed). The Slurm one needs root, else it is reported skipped.
+bench-quick: setup
+	$(BIN)/python scripts/bench-quick.py --python $(BIN)/python
 
 # Regenerates docs/evaluation.md from real replays (about 10 minutes).
 evaluation: setup

@@ -45,7 +45,7 @@ def _resnet50_like_sizes() -> list[int]:
     return [max(1, int(s * scale)) for s in sizes]
 
 
-def rank_main() -> None:
+def rank_main(repeats: int) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -77,7 +77,7 @@ def rank_main() -> None:
         times = {m: [] for m in methods}
         for fn in methods.values():
             fn()  # warm-up
-        for _ in range(REPEATS):  # interleaved, so drifts hit every method alike
+        for _ in range(repeats):  # interleaved, so drifts hit every method alike
             for m, fn in methods.items():
                 comm.Barrier()
                 t0 = time.perf_counter()
@@ -94,18 +94,23 @@ def rank_main() -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--repeats", type=int, default=REPEATS, help=f"per method (default {REPEATS})")
+    ap.add_argument("--quick", action="store_true", help="world 2 only, 2 repeats")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank:
-        rank_main()
+        rank_main(args.repeats)
         return 0
+    if args.quick:
+        args.worlds, args.repeats = "2", 2
     mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     root = Path(__file__).resolve().parents[1]
     results = {}
     for i, world in enumerate(int(w) for w in args.worlds.split(",")):
         env = {**os.environ, "MASTER_PORT": str(29500 + i), "PYTHONPATH": str(root)}
         proc = subprocess.run(
-            [mpiexec, "-n", str(world), sys.executable, __file__, "--rank"],
+            [mpiexec, "-n", str(world), sys.executable, __file__, "--rank"]
+            + ["--repeats", str(args.repeats)],
             capture_output=True,
             text=True,
             env=env,
@@ -143,8 +148,17 @@ def main() -> int:
     figures["resnet18_ratio_vs_raw"] = {
         w: round(results[w]["resnet18"]["raw"] / results[w]["resnet18"]["flat"], 3) for w in results
     }
+    # A time that is not positive, or a bus bandwidth past any memory's, cannot be measured.
+    anomalies = [
+        f"{world} ranks, {case}, {m}: {r[m]} s"
+        for world, cases in results.items()
+        for case, r in cases.items()
+        for m in ("raw", "flat", "per_param", "gloo")
+        if not r[m] > 0 or gbps(world, case, m) > 1000
+    ]
+    figures |= {"repeats": args.repeats, "quick": args.quick, "anomalies": anomalies}
     print(json.dumps(figures))
-    return 0
+    return 1 if anomalies else 0
 
 
 if __name__ == "__main__":

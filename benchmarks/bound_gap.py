@@ -51,9 +51,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all", action="store_true", help="every fold of policy_cv (full mode)")
     ap.add_argument("--workers", type=int, default=2, help="replays at once (default 2)")
+    ap.add_argument("--quick", action="store_true", help="one fold: hps, day 0")
     args = ap.parse_args()
     folds = make_folds(False)
-    if not args.all:
+    if args.quick:
+        folds = [f for f in folds if f.start_s == 0 and f.family == "hps"]
+    elif not args.all:
         folds = [f for f in folds if f.start_s == 0 and f.family in ("hps", "imgps")]
     began = time.perf_counter()
     jobs = [(f, free) for f in folds for free in (False, True)]
@@ -98,6 +101,7 @@ def main() -> int:
         "per_fold": per_fold,
         "impossible": flagged,
         "replays": len(records),
+        "quick": args.quick,
         "wall_s": round(time.perf_counter() - began, 1),
     }
     print(json.dumps(out))

@@ -60,6 +60,21 @@ def run_one(spec: dict) -> dict:
     return {**spec, "tfwd_s": float(tfwd), "wall_s": time.perf_counter() - began, **result.summary}
 
 
+def impossible(r: dict) -> list[str]:
+    """What in a replay's figures cannot be: an efficiency above 1 or above its bound."""
+    out = [r["bound_violation"]] if r.get("bound_violation") else []
+    for key in ("util", "E_used", "E_avail"):
+        if r.get(key) is not None and not -1e-9 <= r[key] <= 1 + 1e-9:
+            out.append(f"{key} {r[key]:.9g} outside [0, 1]")
+    return out
+
+
+def _name(r: dict) -> str:
+    return f"{r['jobs']} N{r['nodes']} {r['policy']} T_fwd {r['tfwd']}" + (
+        f" {r['objective']}" if r.get("objective") else ""
+    )
+
+
 def _fmt(x, digits=3):
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -173,15 +188,26 @@ def plan_lines(results: list[dict], settings) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "evaluation.md")
+    ap.add_argument(
+        "--out", type=Path, help="default docs/evaluation.md (quick: runs/evaluation-quick.md)"
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-full", action="store_true", help="skip the whole-machine speed run")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the reference setting's first 12 h only, no sweep, no speed run; never the docs",
+    )
     args = ap.parse_args()
+    if args.out is None:
+        args.out = ROOT / ("runs/evaluation-quick.md" if args.quick else "docs/evaluation.md")
     policies = [("milp", 10), ("milp", "auto"), ("equal-share", 10), ("greedy", 10)]
-    settings = [("hps-shufflenet-10J", 64, None)] + [
+    settings = [("hps-shufflenet-10J", 64, 12 * 3600 if args.quick else None)]
+    settings += [
         (js, n, 48 * 3600)
         for js in ("ImageNet-imgps-dev-501J", "ImageNet-spdup-dev-501J")
         for n in (256, 1024)
+        if not args.quick
     ]
     specs = [
         {"jobs": js, "nodes": n, "end_s": end, "policy": p, "tfwd": tf}
@@ -221,10 +247,11 @@ def main() -> int:
         }
         for objective, tfs in (("throughput", (30, 120, 1200, 3600)), ("balanced", (10, 120)))
         for tf in tfs
+        if not args.quick
     ]
     full = (
         []
-        if args.skip_full
+        if args.skip_full or args.quick
         else [
             {
                 "jobs": "hps-shufflenet-dev-500J",
@@ -343,11 +370,14 @@ def main() -> int:
             "",
         ]
         summary["full_machine_wall_s"] = f["wall_s"]
+    flagged = [f"{_name(r)}: {why}" for r in results + full_results for why in impossible(r)]
+    for why in flagged:
+        lines.insert(2, f"**IMPOSSIBLE (a bug, not a result)**: {why}\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
-    print(json.dumps(summary))
-    return 0
+    print(json.dumps(summary | {"quick": args.quick, "impossible": flagged}))
+    return 1 if flagged else 0
 
 
 if __name__ == "__main__":

@@ -151,17 +151,31 @@ def handover(
         world = big
         proc = launch(world, tmp, 0, env)
         procs.append(proc)
+
+        def alive(p: subprocess.Popen, run: int) -> Callable[[], None]:
+            """A check for wait_until: a run that exited cannot report any more."""
+
+            def check() -> None:
+                if p.poll() is not None:
+                    print((tmp / f"run-{run}.log").read_text(), file=sys.stderr)
+                    raise RuntimeError(f"{mode}: run {run} exited {p.returncode}")
+
+            return check
+
         try:
             for run in range(2 * repeats):
                 # The current run must be training (its first step done) before the decision.
-                wait_until(lambda run=run: len(starts(tmp)) > run)
+                wait_until(lambda run=run: len(starts(tmp)) > run, check=alive(proc, run))
                 pids = rank_pids(proc, world)
                 new = small if world == big else big
                 if mode == "standby":  # the next size waits, set up, before the decision
                     following = launch(new, tmp, run + 1, env)
                     procs.append(following)
                     try:
-                        wait_until(lambda run=run: (tmp / f"ready-{run + 1}").exists())
+                        wait_until(
+                            lambda run=run: (tmp / f"ready-{run + 1}").exists(),
+                            check=alive(following, run + 1),
+                        )
                     except TimeoutError:
                         print((tmp / f"run-{run + 1}.log").read_text(), file=sys.stderr)
                         raise
@@ -175,7 +189,7 @@ def handover(
                     print((tmp / f"run-{run}.log").read_text(), file=sys.stderr)
                     raise RuntimeError(f"{mode}: run {run} failed")
                 proc = following
-                wait_until(lambda run=run: len(starts(tmp)) > run + 1)
+                wait_until(lambda run=run: len(starts(tmp)) > run + 1, check=alive(proc, run + 1))
                 seconds = starts(tmp)[-1]["first_step_at"] - decided
                 kind = "shrink" if new < world else "grow"
                 row = f"{mode:>10} {kind:>8} {world:>4} {new:>3} {seconds:>8.2f}"

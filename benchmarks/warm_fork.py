@@ -180,6 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="1 repeat")
     ap.add_argument("--host", help=argparse.SUPPRESS)
     ap.add_argument("--relay", help=argparse.SUPPRESS)
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
@@ -197,6 +198,8 @@ def main() -> None:
         import torch  # noqa: F401  (what a cold rank pays)
 
         return _rank(a.rdv, a.group, a.groups, a.done)
+    if a.quick:
+        a.repeats = 1
 
     work = tempfile.mkdtemp(prefix="warm-fork-")
     sock_path = os.path.join(work, "host.sock")
@@ -229,8 +232,12 @@ def main() -> None:
     print(f"host warm-up (once per node): {host_warm:.2f} s; fork / cold: {ratio:.3f}")
     out = {"ranks": a.ranks, "repeats": a.repeats, "cold_s": round(med["cold"], 3)}
     out |= {"fork_s": round(med["fork"], 3), "fork_over_cold": round(ratio, 3)}
-    out |= {"host_warm_s": round(host_warm, 2)}
+    out |= {"host_warm_s": round(host_warm, 2), "quick": a.quick}
+    # A launch timed at zero or less did not happen as timed.
+    out["anomalies"] = [f"{m}: {t} s" for m, v in rows.items() for t in v if not t > 0]
     print(json.dumps(out))
+    if out["anomalies"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

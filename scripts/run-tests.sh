@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole suite: lint, the quick tests, the slow ones, then Parsl's own generic test suite
+# The whole suite: lint, the quick tests, every benchmark's --quick mode (that each still runs
+# and flags nothing; never a speed), the slow tests, then Parsl's own generic test suite
 # against a stock HTEX on LocalBackfillProvider pilots and on SlurmBackfillProvider pilots.
 # pytest exits 5 when a selection collects no tests; that is an error for the quick set
 # (something is broken) but fine for the slow set while it is empty.
@@ -13,6 +14,7 @@ cd "$root"
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 "$bin/ruff" check parsl_bf tests benchmarks || exit 1
 "$py" -m pytest -q || exit $?
+"$py" scripts/bench-quick.py --python "$py" || exit $?
 "$py" -m pytest -q -m slow
 rc=$?
 if [ $rc -eq 5 ]; then echo "no slow tests selected"; rc=0; fi
