@@ -18,7 +18,7 @@ import time
 
 from parsl_bf.allocation import AllocationProblem, Objective, score, solve_exact, solve_milp
 from parsl_bf.allocation.node_matrix import solve_node_matrix
-from parsl_bf.replay import default_data_dir, load_job_set
+from parsl_bf.replay import default_data_dir, load_job_set, missing_data
 
 SETS = ("ImageNet-imgps-dev-501J", "ImageNet-spdup-dev-501J", "hps-shufflenet-dev-500J")
 
@@ -92,12 +92,12 @@ def main() -> int:
         "--quick", action="store_true", help="3 events per cell, 1 baseline event per family"
     )
     args = ap.parse_args()
+    if why := missing_data():
+        print(f"error: {why}", file=sys.stderr)  # bench-quick: skipped
+        return 2
     if args.quick:
         args.events, args.baseline_events = 3, 1
     data = default_data_dir()
-    if not (data / "jobs").is_dir():
-        print(f"error: job sets not found under {data} (set PARSL_BF_DATA)", file=sys.stderr)
-        return 2
     # imgps and spdup share job ids: prefix each with its set.
     jobs = [
         dataclasses.replace(j, id=f"{name}/{j.id}")

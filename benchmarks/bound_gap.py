@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from policy_cv import impossible, make_folds, run
 
 from parsl_bf.allocation import AllocatorSettings
+from parsl_bf.replay import missing_data
 from parsl_bf.replay.simulator import ReplayConfig
 
 
@@ -53,6 +54,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="replays at once (default 2)")
     ap.add_argument("--quick", action="store_true", help="one fold: hps, day 0")
     args = ap.parse_args()
+    if why := missing_data():
+        print(f"error: {why}", file=sys.stderr)  # bench-quick: skipped
+        return 2
     folds = make_folds(False)
     if args.quick:
         folds = [f for f in folds if f.start_s == 0 and f.family == "hps"]

@@ -55,6 +55,7 @@ from parsl.providers.base import ExecutionProvider
 
 from parsl_bf.executor.channel import AgentSession, client_socket, read_secret
 from parsl_bf.executor.ranks import RANKS_KEY
+from parsl_bf.replay import missing_data
 from parsl_bf.training.reports import write_result
 
 NODES, BURST_S, WORK = 4734, 10.0, 10**12
@@ -626,6 +627,9 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the decision thread")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     args = ap.parse_args()
+    if why := missing_data():
+        print(f"error: {why}", file=sys.stderr)  # bench-quick: skipped
+        return 2
     if args.quick:
         args.duration, args.settle = 20.0, 5.0
     peaks = trace_peaks()

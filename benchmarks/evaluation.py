@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from parsl_bf.allocation import AllocatorSettings, Objective
-from parsl_bf.replay import default_data_dir, load_job_set
+from parsl_bf.replay import default_data_dir, load_job_set, missing_data
 from parsl_bf.replay.holes import HoleForecast
 from parsl_bf.replay.policies import make_policy
 from parsl_bf.replay.simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
@@ -199,6 +199,9 @@ def main() -> int:
         help="the reference setting's first 12 h only, no sweep, no speed run; never the docs",
     )
     args = ap.parse_args()
+    if why := missing_data():
+        print(f"error: {why}", file=sys.stderr)  # bench-quick: skipped
+        return 2
     if args.out is None:
         args.out = ROOT / ("runs/evaluation-quick.md" if args.quick else "docs/evaluation.md")
     policies = [("milp", 10), ("milp", "auto"), ("equal-share", 10), ("greedy", 10)]

@@ -26,7 +26,7 @@ import pyomo.environ as pyo
 from parsl_bf.allocation import Objective, gain_table, score, solve_exact, solve_milp
 from parsl_bf.allocation.gains import _per_second_gain
 from parsl_bf.allocation.milp import _glpk
-from parsl_bf.replay import default_data_dir, load_job_set
+from parsl_bf.replay import default_data_dir, load_job_set, missing_data
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from allocator import SETS, pct, random_event  # noqa: E402
@@ -134,6 +134,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="2 events per cell")
     args = ap.parse_args()
+    if why := missing_data():
+        print(f"error: {why}", file=sys.stderr)  # bench-quick: skipped
+        return 2
     if args.quick:
         args.events = 2
     data = default_data_dir()

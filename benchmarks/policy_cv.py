@@ -41,7 +41,7 @@ from evaluation import _fmt, table  # noqa: E402
 
 from parsl_bf.allocation import Objective  # noqa: E402
 from parsl_bf.allocation.policy import AllocatorSettings  # noqa: E402
-from parsl_bf.replay import default_data_dir, load_job_set  # noqa: E402
+from parsl_bf.replay import default_data_dir, load_job_set, missing_data  # noqa: E402
 from parsl_bf.replay.bound import efficiency_ceiling, violation  # noqa: E402
 from parsl_bf.replay.cli import seconds_or_none  # noqa: E402
 from parsl_bf.replay.policies import make_policy  # noqa: E402
@@ -314,6 +314,9 @@ def main() -> int:
         "task, the accounting before in-place rescales; default %(default)s)",
     )
     args = ap.parse_args()
+    if not args.load and (why := missing_data()):
+        print(f"error: {why}", file=sys.stderr)  # bench-quick: skipped
+        return 2
     folds = make_folds(args.quick)
     args.workers = args.workers or (2 if args.quick else 1)
     if args.tfwd_rules is None:

@@ -158,8 +158,12 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
         writer.writerows(rows)
 
 
-def plot_nodes(samples: list[Sample], path: Path) -> bool:
-    """Nodes (pilots' and in use) and tasks over time; False when there is nothing to plot."""
+def plot_nodes(
+    samples: list[Sample], path: Path, split: dict[str, list[float]] | None = None
+) -> bool:
+    """Nodes (pilots' and in use) and tasks over time; False when there is nothing to plot.
+    ``split`` (seconds ``t`` since the run's start, and ``offered``, ``training`` and
+    ``start_up`` nodes at each, from the event log) adds where the pilots' node-time went."""
     have_status = any(s.in_use is not None for s in samples)
     have_pilots = any(s.pilot_nodes for s in samples)
     if len(samples) < 2 or not (have_status or have_pilots):
@@ -171,7 +175,23 @@ def plot_nodes(samples: list[Sample], path: Path) -> bool:
     from matplotlib.ticker import MaxNLocator
 
     t = [s.t for s in samples]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    rows = 3 if split and len(split.get("t", [])) > 1 else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(8, 2.75 * rows), sharex=True)
+    top, bottom = axes[0], axes[-1]
+    if rows == 3:
+        mid = axes[1]
+        parts = zip(split["offered"], split["training"], split["start_up"], strict=True)
+        lost = [max(0.0, o - a - b) for o, a, b in parts]
+        mid.stackplot(
+            split["t"], split["training"], split["start_up"], lost, step="post",
+            labels=["training", "starting (fragment start → first step)",
+                    "held otherwise, or no task"],
+            colors=["tab:green", "tab:orange", "lightgray"],
+        )  # fmt: skip
+        mid.set(ylabel="pilot nodes", title="Where the pilots' node-time went")
+        mid.yaxis.set_major_locator(MaxNLocator(integer=True))
+        mid.legend(loc="upper right", fontsize=8)
+        mid.grid(alpha=0.3)
     if have_pilots:
         top.step(
             t,
@@ -231,6 +251,88 @@ MAX_TASK_ROWS = 500
 MAX_METRIC_COLUMNS = 6
 
 
+def _explained(acc: dict[str, Any]) -> list[str]:
+    """The accounting's figures in plain words, one bullet each."""
+    p1 = acc.get("p1") or "each task's one-node rate in this run"
+    out = [
+        "- **util**: the share of the node-seconds the pilots offered that ran a task; 1.0: "
+        "no offered node was ever idle.",
+        f"- **E_used**: the samples trained, counted as the node-seconds they take at P(1) "
+        f"({p1}), over the node-seconds the tasks held; 1.0: every held node trained at a "
+        "lone node's rate, with nothing lost to start-ups, rescales, preemptions or poor "
+        "scaling.",
+        "- **E_avail**: the same over every node-second the pilots offered (E_used × util, "
+        "up to the tasks left out below).",
+    ]
+    cap = acc.get("node_capacity")
+    if isinstance(cap, float) and cap < 1:
+        out.append(
+            f"- The emulated nodes share this machine's cores: a node in use was worth "
+            f"{cap:.2f} of a node with a core of its own on average, and both sides of E are "
+            "counted at that worth; the emulation's cost is that factor, not the system's."
+        )
+    if acc.get("unmeasured_node_s"):
+        out.append(
+            f"- {_cell(acc['unmeasured_node_s'])} node-seconds of tasks never run at one node "
+            "(no P(1) to count them by) are left out of E_used and E_avail."
+        )
+    return [*out, ""]
+
+
+def _node_split(snapshots: list[dict[str, Any]], started: str) -> dict[str, list[float]] | None:
+    """The first BackfillExecutor's node-time over the run, for the timeline (None: no event
+    log, or a start time that is not ISO 8601)."""
+    from datetime import datetime
+
+    paths = [Path(p).parent for p in (s.get("path") for s in snapshots) if p]
+    logs = [p for p in paths if (p / "events.jsonl").is_file()]
+    try:
+        t0 = datetime.fromisoformat(started).timestamp()
+    except ValueError:
+        return None
+    if not logs:
+        return None
+    from .executor.analysis import load_run, node_time_series
+
+    events, reports = load_run(logs[0])
+    if not events:
+        return None
+    first, last = float(events[0]["t"]), float(events[-1]["t"])
+    times = [first + (last - first) * i / 400 for i in range(401)]
+    return {"t": [x - t0 for x in times], **node_time_series(events, reports, times)}
+
+
+def _node_time_section(status_path: str | None) -> list[str]:
+    """Where the pilots' node-seconds went, from the executor's event log beside its
+    status file (nothing if there is none)."""
+    if not status_path or not (Path(status_path).parent / "events.jsonl").is_file():
+        return []
+    from .executor.analysis import load_run, node_time
+
+    split = node_time(*load_run(Path(status_path).parent))
+    offered = split.get("offered") or 0.0
+    if offered <= 0:
+        return []
+    rows = [
+        ("training", "ranks between step reports"),
+        ("start_up", "fragment start → first step (process start, checkpoint load)"),
+        ("other_held", "held, not training: hand-overs, stops and checkpoints on preemption"),
+        ("no_work", "pilot nodes no task held (no work for them, or kept for one to start)"),
+    ]
+    table = [
+        {"node-seconds": k, "s": round(split[k], 1), "share": round(split[k] / offered, 3),
+         "what": what}
+        for k, what in rows
+    ]  # fmt: skip
+    return [
+        f"Where the {offered:.0f} node-seconds of the pilots went (wall seconds, from the "
+        "event log; the node timeline plots the same):",
+        "",
+        markdown_table(table, ["node-seconds", "s", "share", "what"]),
+        "",
+    ]
+
+
 def _status_section(snapshot: dict[str, Any]) -> list[str]:
     out = [
         f"### {snapshot.get('label', '?')} (`{snapshot.get('path', '')}`)",
@@ -249,11 +351,13 @@ def _status_section(snapshot: dict[str, Any]) -> list[str]:
             " samples counted in node-equivalents at each task's one-node rate, averaged over"
             " the run)",
             "",
+            *_explained(acc),
         ]
         if acc.get("suspect"):
             out += [f"**Not a result:** {acc['suspect']}.", ""]
         if acc.get("noise"):
             out += [f"**Not an efficiency above 1:** {acc['noise']}.", ""]
+    out += _node_time_section(snapshot.get("path"))
     if snapshot.get("pilots"):
         out += [markdown_table(snapshot["pilots"], ["pilot", "nodes", "ends_in_s", "leaving"]), ""]
     if snapshot.get("tasks"):
@@ -290,7 +394,7 @@ def write_report(
     (out / "summary.json").write_text(
         json.dumps((summary or {}) | {"preemptions": preemptions}, indent=2, default=str)
     )
-    plotted = plot_nodes(samples, out / "nodes.png")
+    plotted = plot_nodes(samples, out / "nodes.png", _node_split(snapshots, started))
 
     done = sum(1 for t in tasks if t["state"] in STATE_GROUPS["done"])
     failed = sum(1 for t in tasks if t["state"] in STATE_GROUPS["failed"])

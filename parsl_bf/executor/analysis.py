@@ -32,6 +32,8 @@ __all__ = [
     "RunFigures",
     "efficiency",
     "load_run",
+    "node_time",
+    "node_time_series",
     "percentile",
     "run_figures",
 ]
@@ -190,6 +192,78 @@ def _task(
             res.rates1.append(r["rate"])
     res.spans1 += [(n, dt) for world, n, dt, t in step_spans(kept) if world == 1 and t >= t0]
     return kept[-1]["samples"] if kept else 0
+
+
+def node_time(events: Sequence[Event], reports: Mapping[str, Sequence[Event]]) -> dict[str, float]:
+    """Where a whole run's pilot node-seconds went (wall seconds, events in order):
+    ``offered`` (pilots up), ``training`` (ranks between step reports), ``start_up``
+    (fragment start → its first step, its ranks' nodes: process and pilot start-up, loading
+    the checkpoint), ``other_held`` (the rest of the tasks' time: hand-overs, stops and
+    checkpoints on preemption, evaluations) and ``no_work`` (pilot nodes no task held)."""
+    if not events:
+        return {}
+    t0, t_end = float(events[0]["t"]), float(events[-1]["t"])
+    fig = run_figures(events, reports, t0, t_end, batch=0)
+    training = start_up = 0.0
+    starts: dict[str, list[float]] = {}
+    for e in events:
+        if e["event"] == "fragment_start":
+            starts.setdefault(e["task"], []).append(float(e["t"]))
+    for task, lines in reports.items():
+        training += sum(world * dt for world, _, dt, _ in step_spans(list(lines)))
+        for r in lines:
+            if r["event"] == "start" and r.get("first_step_at"):
+                before = [t for t in starts.get(task, []) if t <= r["first_step_at"]]
+                if before:
+                    start_up += r.get("world", 1) * (r["first_step_at"] - before[-1])
+    training = min(training, fig.alloc_node_s)
+    start_up = min(start_up, fig.alloc_node_s - training)
+    return {
+        "offered": fig.held_node_s,
+        "training": training,
+        "start_up": start_up,
+        "other_held": fig.alloc_node_s - training - start_up,
+        "no_work": max(0.0, fig.held_node_s - fig.alloc_node_s),
+    }
+
+
+def node_time_series(
+    events: Sequence[Event], reports: Mapping[str, Sequence[Event]], times: Sequence[float]
+) -> dict[str, list[float]]:
+    """At each of ``times`` (epoch seconds): ``offered`` (nodes of pilots up), ``training``
+    (ranks inside a span between two step reports) and ``start_up`` (ranks between their
+    fragment's start and its first step): :func:`node_time` over time, for the timeline."""
+    pilots: list[tuple[float, float, int]] = []
+    up: dict[str, tuple[float, int]] = {}
+    starts: dict[str, list[float]] = {}
+    for e in events:
+        if e["event"] == "pilot_up":
+            up[e["pilot"]] = (float(e["t"]), len(e["nodes"]))
+        elif e["event"] == "pilot_gone" and e["pilot"] in up:
+            began, n = up.pop(e["pilot"])
+            pilots.append((began, float(e["t"]), n))
+        elif e["event"] == "fragment_start":
+            starts.setdefault(e["task"], []).append(float(e["t"]))
+    end = float(events[-1]["t"]) if events else 0.0
+    pilots += [(began, end, n) for began, n in up.values()]
+    training: list[tuple[float, float, int]] = []
+    start_up: list[tuple[float, float, int]] = []
+    for task, lines in reports.items():
+        training += [(t, t + dt, w) for w, _, dt, t in step_spans(list(lines))]
+        for r in lines:
+            if r["event"] == "start" and r.get("first_step_at"):
+                before = [t for t in starts.get(task, []) if t <= r["first_step_at"]]
+                if before:
+                    start_up.append((before[-1], r["first_step_at"], int(r.get("world", 1))))
+
+    def at(spans: list[tuple[float, float, int]], t: float) -> float:
+        return float(sum(n for a, b, n in spans if a <= t < b))
+
+    return {
+        "offered": [at(pilots, t) for t in times],
+        "training": [at(training, t) for t in times],
+        "start_up": [at(start_up, t) for t in times],
+    }
 
 
 def _overlap(a: float, b: float, lo: float, hi: float) -> float:

@@ -185,8 +185,14 @@ class ElasticTask:
     measured: dict[int, list[float]] = field(default_factory=dict)  # world → samples/s
     # The samples and the seconds of the step reports at one node, over the whole run: the
     # accounting's P(1) is their ratio (see :meth:`Controller.efficiency`).
+    # On the emulation those seconds are scaled to a node with a core of its own.
     one_node_samples: float = 0.0
     one_node_s: float = 0.0
+    node_s: float = 0.0  # node-seconds its fragments held
+    # Emulation only: the node-seconds of its step reports' spans, and the same × the CPU
+    # share its rank 0 got there (what those nodes were worth; Controller.efficiency).
+    report_node_s: float = 0.0
+    report_capacity_s: float = 0.0
     # The samples of the running fragment's last report (or its first step), which the next
     # report's rate spans; None until the first step after a start or a resize in place.
     last_reported: int | None = None
@@ -353,6 +359,11 @@ class Controller:
         ``mpiexec`` world, MPICH keeps a rank that left until all have.
     grow_in_place
         Grow a running fragment in place when it keeps all of its nodes (module docstring).
+    shared_cores
+        The nodes are emulated on this many cores (the local emulation), so that a node is
+        worth the share of a core its ranks get: the accounting measures that share (the
+        ranks' CPU over wall seconds) and counts node-seconds at it (:meth:`efficiency`).
+        None (real nodes): every node is a whole node.
     """
 
     def __init__(
@@ -368,8 +379,10 @@ class Controller:
         max_restarts: int = 3,
         shrink_in_place: bool = False,
         grow_in_place: bool = False,
+        shared_cores: int | None = None,
     ) -> None:
         self.allocator = allocator or AllocatorSettings()
+        self.shared_cores = shared_cores
         self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
         self.warm_rescale, self.shrink_in_place = warm_rescale, shrink_in_place
         self.grow_in_place = grow_in_place
@@ -890,9 +903,18 @@ class Controller:
             del rates[:-MEASURED_KEPT]
             task.samples = max(task.samples, event.samples)
             last, task.last_reported = task.last_reported, event.samples
-            if event.world == 1 and last is not None and event.samples > last:
+            if last is None or event.samples <= last:
+                return
+            seconds = (event.samples - last) / event.rate
+            share = 1.0
+            if self.shared_cores is not None and event.cpu_share is not None:
+                share = min(1.0, max(event.cpu_share, 1e-3))
+                task.report_node_s += seconds * event.world  # rank 0 stands for every rank
+                task.report_capacity_s += seconds * event.world * share
+            if event.world == 1:
                 task.one_node_samples += event.samples - last
-                task.one_node_s += (event.samples - last) / event.rate
+                # with a core of its own, these samples would have taken this share of the time
+                task.one_node_s += seconds * share
 
     # --- plain tasks ------------------------------------------------------------------------
 
@@ -921,40 +943,83 @@ class Controller:
 
     # --- accounting -------------------------------------------------------------------------
 
+    def node_capacity(self) -> float:
+        """What a node in use was worth, of a node with a core of its own: 1 on real nodes;
+        on the emulation the mean share of a core the ranks got (CPU ÷ wall seconds over the
+        step reports so far, 1 before the first)."""
+        wall = sum(t.report_node_s for t in self.elastic.values())
+        if self.shared_cores is None or wall <= 0:
+            return 1.0
+        return sum(t.report_capacity_s for t in self.elastic.values()) / wall
+
     def account(self, now: float) -> None:
         """Add the node-seconds since the last call (call at every event and tick)."""
         if self._accounted_at is not None and now > self._accounted_at:
             dt = now - self._accounted_at
             offered = sum(len(v.hosts) for v in self.pilots.values() if not v.leaving)
-            used = sum(1 for t in self.plain.values() if t.state == "running") + sum(
-                len(t.held()) for t in self.elastic.values()
-            )
+            used = sum(1 for t in self.plain.values() if t.state == "running")
+            for task in self.elastic.values():
+                n = len(task.held())
+                task.node_s += dt * n
+                used += n
             self.offered_node_s += dt * offered
             self.used_node_s += dt * min(used, offered) if offered else 0.0
         self._accounted_at = now
 
     def efficiency(self) -> dict[str, Any]:
         """util, E_used and E_avail of the run so far: samples_j / P_j(1) as in the replay, in
-        node-seconds (tasks never measured at one node are left out).
+        node-seconds.
 
         P_j(1) is task j's one-node rate averaged over time (the samples of its one-node step
         reports over their seconds), not the allocator's estimate (the median of its latest
-        reports, which follows the rate of the moment). Where nodes share cores (the
-        emulation) a task's rate moves with the load, and its latest rates did not describe
-        the whole run: E_used came out at 1.07. A figure above 1 + :data:`E_SLACK` cannot be
+        reports, which follows the rate of the moment). On the emulation (``shared_cores``)
+        a node is worth the share of a core its ranks get, which moves with how many emulated
+        nodes share the cores at the time: P_j(1) is scaled to a node with a core of its own
+        (each one-node report's seconds × its rank's CPU share) and the node-seconds are
+        counted at the run's mean share (:meth:`node_capacity`, reported as
+        ``node_capacity``: what the emulation itself cost), so that a task measured at one
+        node while few nodes ran is not held to that rate while many do.
+
+        A task never run at one node has no P(1): its samples and its node-seconds are both
+        left out (``unmeasured_node_s``), rather than its node-seconds counted as work of
+        none. util counts every node-second. A figure above 1 + :data:`E_SLACK` cannot be
         true, and ``suspect`` says so; one above 1 by less is that noise, and ``noise`` says
         to read it as 1."""
-        work = 0.0
-        for task in self.elastic.values():
-            if task.one_node_s > 0 and task.samples:
-                work += task.samples / (task.one_node_samples / task.one_node_s)
         off, used = self.offered_node_s, self.used_node_s
+        cap = self.node_capacity()
+        # Held node-seconds at what the nodes were worth: their step reports' spans at their
+        # ranks' CPU share, the rest of the time (start-ups, stops) at the run's mean share.
+        work = unmeasured = measured = capacity_s = 0.0
+        for task in self.elastic.values():
+            if task.one_node_s > 0 and task.one_node_samples > 0:
+                work += task.samples / (task.one_node_samples / task.one_node_s)
+                rest = max(0.0, task.node_s - task.report_node_s)
+                capacity_s += task.report_capacity_s + rest * cap
+                measured += task.node_s
+            else:
+                unmeasured += task.node_s
+        measured_used = max(0.0, used - unmeasured)
+        if self.shared_cores is None:
+            capacity_s = measured_used  # a node is a node
+        else:  # plain apps' node-seconds at the mean share
+            capacity_s += max(0.0, measured_used - measured) * cap
+        cap_used = min(capacity_s, measured_used)
+        cap_off = cap_used + max(0.0, off - used) * cap  # the idle ones at the mean share
         out: dict[str, Any] = {
             "util": used / off if off else None,
-            "E_used": work / used if used else None,
-            "E_avail": work / off if off else None,
+            "E_used": work / cap_used if cap_used > 0 else None,
+            "E_avail": work / cap_off if cap_off > 0 else None,
             "offered_node_s": off,
             "used_node_s": used,
+            "unmeasured_node_s": unmeasured,
+            "node_capacity": cap,
+            "p1": (
+                "each task's one-node rate in this run, scaled to a node with a core of its "
+                f"own by its rank's CPU share ({self.shared_cores} cores shared by the "
+                "emulated nodes)"
+                if self.shared_cores is not None
+                else "each task's one-node rate in this run"
+            ),
         }
         above = [k for k in ("util", "E_used", "E_avail") if (out[k] or 0) > 1]
         over = [k for k in above if out[k] > 1 + E_SLACK]

@@ -306,6 +306,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             # Each rank its own MPI job: one that leaves exits at once.
             shrink_in_place=shrink_in_place and warm_ranks,
             grow_in_place=grow_in_place and warm_ranks,
+            # Emulated nodes share this machine's cores: count what a node can do there.
+            shared_cores=_cores() if getattr(provider, "emulated", False) else None,
         )
         # What arrived for the decision thread: (when, channel event or lifecycle event).
         self._inbox: queue.Queue[tuple[float, object]] = queue.Queue()
@@ -680,9 +682,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         out: list[Event] = []
         for r in tail.read():
             if r["event"] == "step":
+                share = r.get("cpu_share")
                 out.append(
-                    Progress(task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"]))
-                )
+                    Progress(
+                        task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"]),
+                        float(share) if isinstance(share, int | float) else None,
+                    )
+                )  # fmt: skip
             elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
                 out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
             elif r["event"] in ("shrunk", "grown"):
@@ -1131,6 +1137,14 @@ def shrink_request(
         after[g] = (first, ranges[g][1])
         first += ranges[g][1]
     return ShrinkRequest(tuple(ranks), of), after
+
+
+def _cores() -> int:
+    """The cores this process may run on (what emulated nodes share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 def _pythonpath() -> str:

@@ -110,12 +110,15 @@ class ProcessExited:
 
 @dataclass(frozen=True)
 class Progress:
-    """A fragment's step report: ``rate`` samples/s at ``world`` ranks, ``samples`` so far."""
+    """A fragment's step report: ``rate`` samples/s at ``world`` ranks, ``samples`` so far;
+    ``cpu_share``: the cores its rank 0 got over the report's span (CPU ÷ wall seconds), if
+    reported."""
 
     task: str
     world: int
     rate: float
     samples: int
+    cpu_share: float | None = None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .errors import (
     text_lines,
 )
 
-__all__ = ["Job", "load_job_set", "default_data_dir"]
+__all__ = ["Job", "load_job_set", "default_data_dir", "missing_data"]
 
 
 def default_data_dir() -> Path:
@@ -38,6 +38,16 @@ def default_data_dir() -> Path:
     if os.environ.get(DATA):
         return Path(os.environ[DATA])
     return Path(__file__).resolve().parents[3] / "shared" / "data" / "bftrainer-dev"
+
+
+def missing_data() -> str | None:
+    """Why the week's trace and job sets cannot be read from :func:`default_data_dir` (a
+    line for the user); None when both are there."""
+    data = default_data_dir()
+    for part in ("trace", "jobs"):
+        if not (data / part).is_dir():
+            return f"the bftrainer-dev {part} is not under {data} (set {DATA})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ class Session:
     loss: float | None = None
     _began: float = field(default_factory=time.time)
     _first_step: bool = True
-    _last: tuple[float, int] = (0.0, 0)
+    _last: tuple[float, int, float] = (0.0, 0, 0.0)  # (t, samples, CPU s) of the last report
     _cadence: Cadence | None = None
 
     def save_checkpoint(self, stopped: bool = False, at_pass_end: bool = False) -> None:
@@ -155,14 +155,16 @@ class Session:
                     first_step_at=now,
                     stopped_at=self.state.stopped_at if self.state else None,
                 )
-                self._last = (now, self.samples)
+                self._last = (now, self.samples, time.process_time())
             elif self.steps % 5 == 0:
-                t, s = self._last
+                t, s, cpu = self._last
                 rate = (self.samples - s) / max(1e-9, now - t)
+                share = (time.process_time() - cpu) / max(1e-9, now - t)  # as the worker's
                 self.reports.emit(
-                    "step", world=self.comm.size, samples=self.samples, rate=rate, loss=self.loss
-                )
-                self._last = (now, self.samples)
+                    "step", world=self.comm.size, samples=self.samples, rate=rate, loss=self.loss,
+                    cpu_share=round(share, 4),
+                )  # fmt: skip
+                self._last = (now, self.samples, time.process_time())
         self._first_step = False
         planned = self.stop_at is not None and self.samples >= self.stop_at
         if (shared[0] > 0 or planned) and (self.work is None or self.samples < self.work):

@@ -473,6 +473,7 @@ class ElasticTrainer:
         }
         loss_value: float | None = None
         last_t, last_samples = None, samples
+        last_cpu = time.process_time()  # this rank's CPU seconds at last_t
         first_step_at = None
         cadence = Cadence(self.checkpoint_every, steps)
         status = "done"
@@ -540,18 +541,24 @@ class ElasticTrainer:
                             stopped_at=stopped_at,
                             from_peer=from_peer and found is not None,
                         )
-                    last_t, last_samples = now, samples
+                    last_t, last_samples, last_cpu = now, samples, time.process_time()
                 elif resized is not None:
                     if rank == 0:  # the first step at the new size, in the same processes
                         self.reports.emit(resized[0], world=world, samples=samples,
                                           first_step_at=now, **resized[1])  # fmt: skip
                     resized, last_t, last_samples = None, now, samples
+                    last_cpu = time.process_time()
                 elif rank == 0 and steps % self.report_every == 0:
                     rate = (samples - last_samples) / max(1e-9, now - last_t)
+                    cpu = time.process_time()
+                    # The cores this rank got (CPU ÷ wall seconds): where emulated nodes share
+                    # cores, what a node could do in this span (Controller.efficiency).
+                    share = (cpu - last_cpu) / max(1e-9, now - last_t)
                     self.reports.emit(
-                        "step", world=world, samples=samples, rate=rate, loss=total_loss
-                    )
-                    last_t, last_samples = now, samples
+                        "step", world=world, samples=samples, rate=rate, loss=total_loss,
+                        cpu_share=round(share, 4),
+                    )  # fmt: skip
+                    last_t, last_samples, last_cpu = now, samples, cpu
                 every = task.evaluate_every
                 if every and (samples - batch) // every != samples // every and samples < self.work:
                     self._evaluate(model, samples, history)

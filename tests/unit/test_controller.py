@@ -602,10 +602,41 @@ def test_an_efficiency_above_one_is_marked_not_a_result() -> None:
     # Above 1 by less than E_SLACK: the same noise, marked to be read as 1 (the node-seconds
     # set as if every offered one had been used for 1,000 samples / 1.01).
     c.used_node_s = c.offered_node_s = acc["E_used"] * acc["used_node_s"] / 1.01
+    c.used_capacity_s = c.offered_capacity_s = c.used_node_s  # real nodes: the same
     acc = c.efficiency()
     assert acc["util"] == 1 and acc["E_used"] == acc["E_avail"] == pytest.approx(1.01)
     assert "suspect" not in acc
     assert acc["noise"].startswith("E_used, E_avail above 1 by at most 0.02")
+
+
+def test_emulated_nodes_count_at_their_share_of_the_cores() -> None:
+    # Task a trains at one node at 100/s with a core of its own, then at 50/s while its rank
+    # gets half a core (other emulated nodes share it): the same node's work. Task b, never
+    # at one node, has no P(1): its samples and node-seconds are both left out.
+    def run(shared_cores: int | None) -> dict:
+        c = _controller(shared_cores=shared_cores)
+        c.handle([TaskSubmitted(_task("a", 1, 1)), TaskSubmitted(_task("b", 3, 3))], NOW)
+        c.handle([_up("p1", "n1")], NOW)
+        c.handle([FragmentStarted("a", 0)], NOW + 1)
+        c.handle([Progress("a", 1, 100.0, 1000, cpu_share=1.0)], NOW + 11)
+        c.handle([_up("p2", "n2", "n3", "n4")], NOW + 11)  # b takes these three
+        c.handle([FragmentStarted("b", 10)], NOW + 11)
+        c.handle([Progress("b", 3, 30.0, 310, cpu_share=0.5)], NOW + 21)
+        c.handle([Progress("a", 1, 50.0, 1500, cpu_share=0.5)], NOW + 21)
+        return c.efficiency()
+
+    emulated = run(2)
+    assert emulated["unmeasured_node_s"] == 30.0  # b: 3 nodes, 10 s
+    # P(1) = 1,500 samples / (10 + 10 × 0.5) s = 100/s; a node's mean share: (10 × 1 + 10 × 0.5
+    # + 30 × 0.5) / 50 = 0.6. a held its node 21 s: 10 s at a whole core, 10 at half, and the
+    # second before its first step at the mean share.
+    assert emulated["node_capacity"] == pytest.approx(0.6)
+    assert emulated["E_used"] == pytest.approx(1500 / 100 / (10 + 10 * 0.5 + 1 * 0.6))
+    assert "2 cores" in emulated["p1"]
+    # Real nodes: the shares are not read; P(1) is 1,500 samples in 20 s.
+    real = run(None)
+    assert real["node_capacity"] == 1 and real["E_used"] == pytest.approx(1500 / 75 / 21)
+    assert real["util"] == emulated["util"]
 
 
 def test_a_node_about_to_leave_is_not_moved_to_another_task() -> None:

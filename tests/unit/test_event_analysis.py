@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parsl_bf.executor.analysis import efficiency, load_run, percentile, run_figures
+from parsl_bf.executor.analysis import (
+    efficiency,
+    load_run,
+    node_time,
+    node_time_series,
+    percentile,
+    run_figures,
+)
 
 T0, T_END, BATCH = 100.0, 200.0, 10
 
@@ -198,3 +205,42 @@ def test_load_run_reads_events_and_each_tasks_reports(tmp_path: Path) -> None:
     events, reports = load_run(tmp_path)
     assert events == EVENTS[:3]
     assert reports == REPORTS
+
+
+# One 2-node pilot for 20 s; a 1-node fragment started at 1, first step at 3, steps to 11,
+# stopped at 12: 8 s training, 2 s start-up, 1 s held otherwise, 29 s on no task.
+SPLIT_EVENTS = [
+    {"t": 0, "event": "pilot_up", "pilot": "p", "nodes": ["n1", "n2"]},
+    {"t": 1, "event": "fragment_start", "task": "a", "nodes": 1},
+    {"t": 12, "event": "fragment_stopped", "task": "a", "samples": 50},
+    {"t": 20, "event": "pilot_gone", "pilot": "p", "reason": "walltime"},
+]
+SPLIT_REPORTS = {
+    "a": [
+        {"t": 3.0, "event": "start", "world": 1, "samples": 0, "first_step_at": 3.0},
+        *(
+            {"t": float(t), "event": "step", "world": 1, "samples": 10 * t, "rate": 5.0}
+            for t in range(3, 12, 2)
+        ),
+    ]
+}
+
+
+def test_where_the_node_time_went() -> None:
+    assert node_time(SPLIT_EVENTS, SPLIT_REPORTS) == {
+        "offered": 40.0,
+        "training": 8.0,
+        "start_up": 2.0,
+        "other_held": 1.0,
+        "no_work": 29.0,
+    }
+    assert node_time([], {}) == {}
+
+
+def test_where_the_node_time_went_over_time() -> None:
+    got = node_time_series(SPLIT_EVENTS, SPLIT_REPORTS, [0.5, 2.0, 5.0, 11.5, 25.0])
+    assert got == {
+        "offered": [2, 2, 2, 2, 0],
+        "training": [0, 0, 1, 0, 0],
+        "start_up": [0, 1, 0, 0, 0],
+    }
