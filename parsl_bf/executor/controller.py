@@ -975,9 +975,10 @@ class Controller:
         reports, which follows the rate of the moment). On the emulation (``shared_cores``)
         a node is worth the share of a core its ranks get, which moves with how many emulated
         nodes share the cores at the time: P_j(1) is scaled to a node with a core of its own
-        (each one-node report's seconds × its rank's CPU share) and the node-seconds are
-        counted at the run's mean share (:meth:`node_capacity`, reported as
-        ``node_capacity``: what the emulation itself cost), so that a task measured at one
+        (each one-node report's seconds × its rank's CPU share), and the held node-seconds
+        count at the share their step reports measured (the rest of the time, start-ups and
+        stops, at the run's mean share: :meth:`node_capacity`, reported as
+        ``node_capacity``, what the emulation itself cost), so that a task measured at one
         node while few nodes ran is not held to that rate while many do.
 
         A task never run at one node has no P(1): its samples and its node-seconds are both
