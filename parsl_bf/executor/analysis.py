@@ -194,6 +194,30 @@ def _task(
     return kept[-1]["samples"] if kept else 0
 
 
+Span = tuple[float, float, int]  # (from, to, nodes)
+
+
+def _rank_spans(
+    events: Sequence[Event], reports: Mapping[str, Sequence[Event]]
+) -> tuple[list[Span], list[Span]]:
+    """The ranks' training spans (between two step reports) and start-up spans (fragment
+    start → its first step), each with its nodes."""
+    starts: dict[str, list[float]] = {}
+    for e in events:
+        if e["event"] == "fragment_start":
+            starts.setdefault(e["task"], []).append(float(e["t"]))
+    training: list[Span] = []
+    start_up: list[Span] = []
+    for task, lines in reports.items():
+        training += [(t, t + dt, w) for w, _, dt, t in step_spans(list(lines))]
+        for r in lines:
+            if r["event"] == "start" and r.get("first_step_at"):
+                before = [t for t in starts.get(task, []) if t <= r["first_step_at"]]
+                if before:
+                    start_up.append((before[-1], r["first_step_at"], int(r.get("world", 1))))
+    return training, start_up
+
+
 def node_time(events: Sequence[Event], reports: Mapping[str, Sequence[Event]]) -> dict[str, float]:
     """Where a whole run's pilot node-seconds went (wall seconds, events in order):
     ``offered`` (pilots up), ``training`` (ranks between step reports), ``start_up``
@@ -204,18 +228,8 @@ def node_time(events: Sequence[Event], reports: Mapping[str, Sequence[Event]]) -
         return {}
     t0, t_end = float(events[0]["t"]), float(events[-1]["t"])
     fig = run_figures(events, reports, t0, t_end, batch=0)
-    training = start_up = 0.0
-    starts: dict[str, list[float]] = {}
-    for e in events:
-        if e["event"] == "fragment_start":
-            starts.setdefault(e["task"], []).append(float(e["t"]))
-    for task, lines in reports.items():
-        training += sum(world * dt for world, _, dt, _ in step_spans(list(lines)))
-        for r in lines:
-            if r["event"] == "start" and r.get("first_step_at"):
-                before = [t for t in starts.get(task, []) if t <= r["first_step_at"]]
-                if before:
-                    start_up += r.get("world", 1) * (r["first_step_at"] - before[-1])
+    spans = _rank_spans(events, reports)
+    training, start_up = (sum(n * (b - a) for a, b, n in part) for part in spans)
     training = min(training, fig.alloc_node_s)
     start_up = min(start_up, fig.alloc_node_s - training)
     return {
@@ -233,30 +247,19 @@ def node_time_series(
     """At each of ``times`` (epoch seconds): ``offered`` (nodes of pilots up), ``training``
     (ranks inside a span between two step reports) and ``start_up`` (ranks between their
     fragment's start and its first step): :func:`node_time` over time, for the timeline."""
-    pilots: list[tuple[float, float, int]] = []
+    pilots: list[Span] = []
     up: dict[str, tuple[float, int]] = {}
-    starts: dict[str, list[float]] = {}
     for e in events:
         if e["event"] == "pilot_up":
             up[e["pilot"]] = (float(e["t"]), len(e["nodes"]))
         elif e["event"] == "pilot_gone" and e["pilot"] in up:
             began, n = up.pop(e["pilot"])
             pilots.append((began, float(e["t"]), n))
-        elif e["event"] == "fragment_start":
-            starts.setdefault(e["task"], []).append(float(e["t"]))
     end = float(events[-1]["t"]) if events else 0.0
     pilots += [(began, end, n) for began, n in up.values()]
-    training: list[tuple[float, float, int]] = []
-    start_up: list[tuple[float, float, int]] = []
-    for task, lines in reports.items():
-        training += [(t, t + dt, w) for w, _, dt, t in step_spans(list(lines))]
-        for r in lines:
-            if r["event"] == "start" and r.get("first_step_at"):
-                before = [t for t in starts.get(task, []) if t <= r["first_step_at"]]
-                if before:
-                    start_up.append((before[-1], r["first_step_at"], int(r.get("world", 1))))
+    training, start_up = _rank_spans(events, reports)
 
-    def at(spans: list[tuple[float, float, int]], t: float) -> float:
+    def at(spans: list[Span], t: float) -> float:
         return float(sum(n for a, b, n in spans if a <= t < b))
 
     return {

@@ -157,14 +157,15 @@ class Session:
                 )
                 self._last = (now, self.samples, time.process_time())
             elif self.steps % 5 == 0:
-                t, s, cpu = self._last
+                t, s, last_cpu = self._last
                 rate = (self.samples - s) / max(1e-9, now - t)
-                share = (time.process_time() - cpu) / max(1e-9, now - t)  # as the worker's
+                cpu = time.process_time()
+                share = (cpu - last_cpu) / max(1e-9, now - t)  # as the worker's
                 self.reports.emit(
                     "step", world=self.comm.size, samples=self.samples, rate=rate, loss=self.loss,
                     cpu_share=round(share, 4),
                 )  # fmt: skip
-                self._last = (now, self.samples, time.process_time())
+                self._last = (now, self.samples, cpu)
         self._first_step = False
         planned = self.stop_at is not None and self.samples >= self.stop_at
         if (shared[0] > 0 or planned) and (self.work is None or self.samples < self.work):
