@@ -4,7 +4,11 @@ on a real loopback Slurm cluster (``scripts/slurm-loopback.sh``: 8 nodes, GraceT
 Three runs replay the SAME main-partition workload, each on a freshly idle cluster:
 
 * ``none``: the main workload alone (the baseline start time of every main job);
-* ``backfill``: plus ``SlurmBackfillProvider`` (1-4 nodes, 1-10 min pilots of ``sleep 100000``);
+* ``backfill``: plus ``SlurmBackfillProvider`` (1-4 nodes, 1-10 min pilots of ``sleep 100000``),
+  sized by us (``sizing="provider"``: a fixed size and walltime from the holes);
+* ``scheduler``: the same provider with ``sizing="scheduler"``: Slurm sizes each pilot
+  (``--nodes=1-4 --time-min=1 --time=10``, queued at once);
+* ``hybrid``: ``sizing="hybrid"``: our walltime, Slurm may start it on fewer of our nodes;
 * ``stock``: plus Parsl's ``SlurmProvider`` (2-node, 10-min blocks) on the same partition.
 
 A loop stands in for Parsl's scaling strategy: every second it calls ``status()`` and
@@ -31,14 +35,21 @@ Metrics, from ``squeue`` polled every second and Slurm's own time stamps (``scon
   on it, over the holes that got one (the others are counted);
 * main delay: per main job, its StartTime in this run minus in the ``none`` run (both from
   the run's start); Slurm's scheduling cycles alone move starts by a few seconds either way;
-* preemptions: pilots with a PreemptTime that are not requeued, plus requeues (Restarts).
+* preemptions: pilots with a PreemptTime that are not requeued, plus requeues (Restarts);
+* commands per hour: the Slurm commands the provider ran that reach the controller (``sbatch``,
+  ``squeue``, ``sinfo``, ``scontrol show job``, ``scancel``; not ``scontrol show hostnames``),
+  per hour of the run.
+
+The sizing the rule picks (the most hole coverage whose main-job delay p95 is no more than
+``provider``'s) is printed, and is ``best_sizing`` in the JSON line.
 
 Needs root (the Slurm daemons). The cluster (``/tmp/bench-provider-slurm``, ports 18817 and
 28001-28008) is the tests' (``tests.integration.slurm.loopback_cluster``), started here and
 stopped at the end, on errors and Ctrl-C too. Progress and every pilot's life go to stderr;
 stdout has the workload, each main job's start per run, the table, and one JSON line last.
 ``--quick``: a smoke run of the same code (about a minute and a half): 20 s of submissions at
-a fifth of the run times, runs ``none,backfill`` only. The default takes about 20 minutes;
+a fifth of the run times, runs ``none,backfill,scheduler`` only. The default takes about 35
+minutes;
 ``--runs ...,control`` adds the workload alone again: the noise floor.
 """
 
@@ -67,9 +78,11 @@ from tests.integration import slurm  # noqa: E402
 CLUSTER_DIR = "/tmp/bench-provider-slurm"
 GRACE_S = 10
 PILOT_COMMAND = "sleep 100000"  # holds its nodes until preempted or its walltime ends
-RUNS = ("none", "backfill", "stock")
+RUNS = ("none", "backfill", "scheduler", "hybrid", "stock")
 CHOICES = (*RUNS, "control")  # control: the main workload alone again (the noise floor)
-PILOTED = ("backfill", "stock")
+PILOTED = ("backfill", "scheduler", "hybrid", "stock")
+#: Our provider's runs and the ``sizing`` of each.
+SIZING = {"backfill": "provider", "scheduler": "scheduler", "hybrid": "hybrid"}
 _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE"}
 _ENDED |= {"OUT_OF_MEMORY", "BOOT_FAIL"}
 
@@ -259,7 +272,7 @@ class Submitter(threading.Thread):
 def make_provider(kind: str, script_dir: Path):
     from parsl.launchers import SimpleLauncher
 
-    if kind == "backfill":
+    if kind in SIZING:
         from parsl_bf.providers import SlurmBackfillProvider
 
         provider = SlurmBackfillProvider(
@@ -268,6 +281,7 @@ def make_provider(kind: str, script_dir: Path):
             max_nodes=4,
             min_walltime="00:01:00",
             max_walltime="00:10:00",
+            sizing=SIZING[kind],
             launcher=SimpleLauncher(),
             status_polling_interval=1,
         )
@@ -286,6 +300,32 @@ def make_provider(kind: str, script_dir: Path):
     script_dir.mkdir(parents=True, exist_ok=True)
     provider.script_dir = str(script_dir)
     return provider
+
+
+def count_commands(provider, counts: dict[str, int]) -> None:
+    """Count, in ``counts``, the Slurm commands ``provider`` runs that reach the controller."""
+
+    def counted(name: str, words) -> None:
+        if words[:3] != ["scontrol", "show", "hostnames"]:  # parsed locally
+            key = " ".join(words[:3]) if words[:1] == ["scontrol"] else words[0]
+            counts[key] = counts.get(key, 0) + 1
+
+    if hasattr(provider, "_run"):  # ours: every command goes through _run(args)
+        run = provider._run
+
+        def ours(args):
+            counted("ours", list(args))
+            return run(args)
+
+        provider._run = ours
+    else:  # Parsl's: execute_wait(cmd) with a shell command line
+        execute = provider.execute_wait
+
+        def stock(cmd, *args, **kwargs):
+            counted("stock", cmd.split())
+            return execute(cmd, *args, **kwargs)
+
+        provider.execute_wait = stock
 
 
 class Scaler:
@@ -358,6 +398,7 @@ class RunResult:
     pilots_requested: int = 0
     pilots_submitted: int = 0
     preemptions: int = 0
+    commands: dict[str, int] = field(default_factory=dict)
     pilot_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -366,6 +407,9 @@ def run_once(kind: str, env: dict[str, str], workload: list[MainJob], args, work
     slurm.quiesce(env, args.nodes, settle_s=3)
     ignore = set(slurm.jobs(env))
     scaler = Scaler(make_provider(kind, work / kind), args.pilots) if kind in PILOTED else None
+    commands: dict[str, int] = {}
+    if scaler is not None:
+        count_commands(scaler.provider, commands)
     t0 = time.time()
     recorder = Recorder(env, t0, ignore)
     submitter = Submitter(env, t0, workload)
@@ -439,6 +483,7 @@ def run_once(kind: str, env: dict[str, str], workload: list[MainJob], args, work
         result.pilots_requested = len(scaler.ids)
         result.pilots_submitted = scaler.submitted()
         result.preemptions = preemptions
+        result.commands = commands
         for pilot in getattr(scaler.provider, "pilots", {}).values():
             reason = pilot.reason or pilot.state.name.lower()
             result.pilot_reasons[reason] = result.pilot_reasons.get(reason, 0) + 1
@@ -470,7 +515,10 @@ def log_pilots(kind: str, scaler: Scaler, records: dict[str, JobRecord], main_id
         )
         if job_id in asked:
             request = asked[job_id]
-            line += f" (hole: {','.join(request.hosts)} for {request.walltime_s:.0f} s)"
+            if request.sized_to_hole:
+                line += f" (hole: {','.join(request.hosts)} for {request.walltime_s:.0f} s)"
+            else:
+                line += " (sized by Slurm)"
         for start, hosts in rec.ran.items():
             line += f", ran from t={rel(start)} on {hosts}"
         if f.get("JobState") not in ("RUNNING", "PENDING"):
@@ -555,6 +603,22 @@ def rounded(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(x, digits)
 
 
+def best_sizing(figures: dict[str, dict]) -> str | None:
+    """The sizing that covers the most of the holes with a main-job delay p95 no more than
+    ``provider``'s (plus a second: Slurm's cycles move starts by that much); None without
+    ``provider``'s run."""
+    ours = figures.get("backfill")
+    if ours is None or ours["coverage"] is None:
+        return None
+    bound = (ours["delay_p95"] or 0.0) + 1.0
+    fits = [
+        (figures[kind]["coverage"] or 0.0, kind == "backfill", SIZING[kind])
+        for kind in SIZING
+        if kind in figures and (figures[kind]["delay_p95"] or 0.0) <= bound
+    ]
+    return max(fits)[2]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=8, help="nodes of the cluster (default 8)")
@@ -572,8 +636,8 @@ def main() -> int:
     ap.add_argument(
         "--runs",
         default=",".join(RUNS),
-        help="runs, comma-separated, in order (default none,backfill,stock; control: the main "
-        "workload alone again, its delays are the noise floor)",
+        help="runs, comma-separated, in order (default none,backfill,scheduler,hybrid,stock; "
+        "control: the main workload alone again, its delays are the noise floor)",
     )
     ap.add_argument("--progress", type=float, default=15, help="seconds between progress lines")
     args = ap.parse_args()
@@ -583,7 +647,7 @@ def main() -> int:
         # runs of our own code (the stock one adds a third pass of the same machinery).
         args.duration, pace = 20.0, 0.2
         if args.runs == ",".join(RUNS):
-            args.runs = "none,backfill"
+            args.runs = "none,backfill,scheduler"
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if any(r not in CHOICES for r in runs) or not runs or len(set(runs)) < len(runs):
         ap.error(f"--runs: some of {', '.join(CHOICES)}, each once")
@@ -643,6 +707,9 @@ def main() -> int:
             "delayed": sum(1 for d in delays if d > GRACE_S + 2),
             "wait_p50": median(cov["waits"]) if kind in PILOTED else None,
             "wait_p95": pct(cov["waits"], 0.95) if kind in PILOTED else None,
+            "commands_per_h": (
+                sum(res.commands.values()) * 3600 / res.end_s if kind in PILOTED else None
+            ),
         }
 
     print("\nmain job start times, s from the run's start (the other runs: minus in none)")
@@ -662,15 +729,15 @@ def main() -> int:
     print()
     print(
         f"{'run':>9} {'offered':>8} {'covered':>8} {'coverage':>8} {'pilot start s':>13} "
-        f"{'main delay s':>12} {'delayed':>7} {'pilots':>7} {'preempt':>7}"
+        f"{'main delay s':>12} {'delayed':>7} {'pilots':>7} {'preempt':>7} {'commands':>8}"
     )
     print(
         f"{'':>9} {'node-s':>8} {'node-s':>8} {'':>8} {'p50 / p95':>13} {'p50 / p95':>12} "
-        f"{f'>{GRACE_S + 2}s':>7} {'sbatch':>7} {'':>7}"
+        f"{f'>{GRACE_S + 2}s':>7} {'sbatch':>7} {'':>7} {'per h':>8}"
     )
     for kind, res in results.items():
         f = figures[kind]
-        cells = ["-"] * 7
+        cells = ["-"] * 8
         if kind != "none":  # control: the noise floor of the start times
             cells[3] = f"{fmt(f['delay_p50'])} / {fmt(f['delay_p95'])}"
             cells[4] = str(f["delayed"])
@@ -683,10 +750,11 @@ def main() -> int:
                 str(f["delayed"]),
                 str(res.pilots_submitted),
                 str(res.preemptions),
+                fmt(f["commands_per_h"], 0),
             ]
         print(
             f"{kind:>9} {f['offered']:>8.0f} {cells[0]:>8} {cells[1]:>8} {cells[2]:>13} "
-            f"{cells[3]:>12} {cells[4]:>7} {cells[5]:>7} {cells[6]:>7}"
+            f"{cells[3]:>12} {cells[4]:>7} {cells[5]:>7} {cells[6]:>7} {cells[7]:>8}"
         )
     for kind, res in results.items():
         if kind not in PILOTED:
@@ -697,7 +765,11 @@ def main() -> int:
             f"({f['covered_long_holes']} of the {f['long_holes']} lasting >= 60 s); "
             f"{res.pilots_requested} pilots asked for, {res.pilots_submitted} sbatch'd"
             + (f"; ends: {res.pilot_reasons}" if res.pilot_reasons else "")
+            + f"; commands: {res.commands}"
         )
+    best = best_sizing(figures)
+    if best is not None:
+        print(f"sizing with the most hole coverage and no more main delay (p95) than ours: {best}")
     ours, stock = figures.get("backfill", {}), figures.get("stock", {})
     out = {
         "hole_coverage": rounded(ours.get("coverage")),
@@ -713,6 +785,22 @@ def main() -> int:
         "stock_pilots_submitted": results["stock"].pilots_submitted if "stock" in results else None,
         "preemptions": results["backfill"].preemptions if "backfill" in results else None,
         "stock_preemptions": results["stock"].preemptions if "stock" in results else None,
+        "sizing": {
+            SIZING[kind]: {
+                "hole_coverage": rounded(figures[kind]["coverage"]),
+                "pilot_start_p50_s": rounded(figures[kind]["wait_p50"], 1),
+                "pilot_start_p95_s": rounded(figures[kind]["wait_p95"], 1),
+                "main_delay_p50_s": rounded(figures[kind]["delay_p50"], 1),
+                "main_delay_p95_s": rounded(figures[kind]["delay_p95"], 1),
+                "commands_per_h": rounded(figures[kind]["commands_per_h"], 0),
+                "pilots_submitted": results[kind].pilots_submitted,
+                "preemptions": results[kind].preemptions,
+            }
+            for kind in SIZING
+            if kind in figures
+        },
+        "best_sizing": best,
+        "stock_commands_per_h": rounded(stock.get("commands_per_h"), 0),
         "grace_s": GRACE_S,
         **(
             {

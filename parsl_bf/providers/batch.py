@@ -42,7 +42,7 @@ from .base import (
     python_bin,
 )
 from .pilots import PilotProvider
-from .sizing import Hole, PilotRequest, size_pilot
+from .sizing import Hole, PilotRequest, Sizing, sizing_request
 
 __all__ = ["SHARED_PARAMETERS", "BatchBackfillProvider", "shared_settings"]
 
@@ -124,6 +124,9 @@ class BatchBackfillProvider(PilotProvider):
     describe are appended to that docstring's ``Parameters``.
     """
 
+    #: Who sizes the pilots (:data:`~parsl_bf.providers.sizing.Sizing`); a scheduler that can
+    #: size them itself lets its constructor choose.
+    sizing: Sizing = "provider"
     #: The scheduler's walltime unit, in seconds (Slurm counts whole minutes).
     walltime_granularity_s: float = 1.0  # PBS: seconds
     #: Parsl's own provider for this scheduler, e.g. ``"SlurmProvider"``.
@@ -245,10 +248,13 @@ class BatchBackfillProvider(PilotProvider):
         }
 
     def _size(self, now: float) -> PilotRequest | None:
-        claimed = self._claimed()
-        free = [h for h in self._holes(now) if h.node not in claimed]
-        return size_pilot(
-            free,
+        holes: list[Hole] = []
+        if self.sizing != "scheduler":  # the scheduler's own sizing needs no look at the holes
+            claimed = self._claimed()
+            holes = [h for h in self._holes(now) if h.node not in claimed]
+        return sizing_request(
+            self.sizing,
+            holes,
             self.min_nodes,
             self.max_nodes,
             self.min_walltime_s,
@@ -257,18 +263,38 @@ class BatchBackfillProvider(PilotProvider):
             self.walltime_granularity_s,
         )
 
+    def _launch_lines(self, job: _Job, request: PilotRequest, out: Path) -> str:
+        """The launcher's command for the pilot's real size: one per size the scheduler may
+        start it at, chosen by the count of ``PILOT_NODES`` (a launcher such as srun is
+        told its task count)."""
+        sizes = range(request.min_nodes or request.nodes, request.nodes + 1)
+
+        def launch(nodes: int) -> str:
+            return self.launcher(job.command, job.tasks_per_node, nodes, str(out.parent))
+
+        if len(sizes) == 1:
+            return launch(request.nodes)
+        arms = "\n".join(f"{k})\n{launch(k)}\n;;" for k in sizes)
+        count = f'$(( $(echo "${environment.PILOT_NODES}" | tr , "\\n" | wc -l) ))'
+        return f"case {count} in\n{arms}\nesac"
+
+    def _end_shell(self, walltime_s: int) -> str:
+        """A shell expression, run inside the pilot at its start, that prints the epoch second
+        its walltime ends (the scheduler may have shortened the walltime asked for)."""
+        return f"$(( $(date +%s) + {walltime_s} ))"
+
     def _script(self, job: _Job, request: PilotRequest, out: Path, err: Path) -> str:
-        launch = self.launcher(job.command, job.tasks_per_node, request.nodes, str(out.parent))
+        launch = self._launch_lines(job, request, out)
         wall = int(request.walltime_s)
         return f"""#!/bin/bash
 {self._directives(job, request, out, err)}
 {self.scheduler_options}
-# parsl-bf pilot {job.pilot.job_id}: {request.nodes} node(s) for {wall} s, sized to a hole.
+# parsl-bf pilot {job.pilot.job_id}: {_described(request)}.
 export PATH={shlex.quote(python_bin())}:$PATH
 {self.worker_init}
 export {environment.PILOT_JOB_ID}={shlex.quote(job.pilot.job_id)}
 export {environment.PILOT_NODES}=$({self._node_list()})
-export {environment.PILOT_END}=$(( $(date +%s) + {wall} ))
+export {environment.PILOT_END}={self._end_shell(wall)}
 # At preemption the scheduler's signal ends the pilot at once: the main job waiting for these
 # nodes starts as soon as we are gone. The pilot's processes (their own process group) get
 # TERM first and up to {self.exit_wait_s:g} s to leave (a BackfillExecutor's fragments
@@ -294,7 +320,7 @@ set +m
 {self._watch_preemption()}
 # Leave at the walltime ourselves: a scheduler may enforce limits only every ~30 s, and a main
 # job planned at the hole's end would wait for us.
-(sleep {wall}; kill -TERM $$) 2>/dev/null &
+(sleep $(( ${environment.PILOT_END} - $(date +%s) )); kill -TERM $$) 2>/dev/null &
 while :; do
   wait $child
   status=$?
@@ -322,11 +348,7 @@ done
             "job_stderr_path": str(err),
         }
         log.info(
-            "pilot %s: submitted as %s, %d node(s) for %.0f s",
-            job.pilot.job_id,
-            scheduler_id,
-            request.nodes,
-            request.walltime_s,
+            "pilot %s: submitted as %s, %s", job.pilot.job_id, scheduler_id, _described(request)
         )
 
     def _place_waiting(self, now: float) -> None:
@@ -396,6 +418,7 @@ done
         for job in self._jobs.values():
             if (
                 job.request is None
+                or not job.request.sized_to_hole  # the scheduler starts it whenever it fits
                 or job.pilot.state is not JobState.PENDING
                 or job.submitted_at is None
                 or now - job.submitted_at < self.pending_timeout_s
@@ -460,6 +483,18 @@ done
             self._cancel(submitted)
         except SchedulerError as exc:
             log.warning("cancel: %s", exc)
+
+
+def _described(request: PilotRequest) -> str:
+    """A request in words, for the pilot script's header and the log."""
+    nodes = f"{request.nodes}"
+    if request.min_nodes is not None and request.min_nodes < request.nodes:
+        nodes = f"{request.min_nodes}-{request.nodes}"
+    wall = f"{request.walltime_s:.0f} s"
+    if request.min_walltime_s is not None and request.min_walltime_s < request.walltime_s:
+        wall = f"{request.min_walltime_s:.0f}-{request.walltime_s:.0f} s"
+    how = "sized to a hole" if request.sized_to_hole else "sized by the scheduler"
+    return f"{nodes} node(s) for {wall}, {how}"
 
 
 #: The settings of :class:`BatchBackfillProvider`'s constructor, which each subclass takes.

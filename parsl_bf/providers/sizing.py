@@ -4,15 +4,27 @@ A hole is a node that is idle now and how long it stays free (None: no main job 
 there). A pilot on k nodes lasts as long as the shortest-lived of them, so the candidates are
 the k longest-lived holes; the best pilot covers the most node-seconds within the user's
 bounds, more nodes on a tie (more workers now).
+
+A scheduler with backfill sizing of its own (Slurm: ``--nodes=min-max``, ``--time-min``) can
+be left part of the choice (:func:`sizing_request`): a request then carries the lower bounds
+the scheduler may start it at, and the pilot learns its real size and end from its allocation.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
-__all__ = ["Hole", "PilotRequest", "size_pilot"]
+__all__ = ["SIZINGS", "Hole", "PilotRequest", "Sizing", "size_pilot", "sizing_request"]
+
+#: Who sizes a pilot: ``provider``: we do, from the holes (a fixed node count and walltime);
+#: ``scheduler``: the scheduler does, at the moment a size fits (a node range and a walltime
+#: range, submitted without looking at the holes); ``hybrid``: our walltime and node count as
+#: the upper bound, the scheduler may start it on fewer nodes (down to ``min_nodes``).
+Sizing = Literal["provider", "scheduler", "hybrid"]
+SIZINGS: tuple[str, ...] = get_args(Sizing)
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,15 @@ class PilotRequest:
     nodes: int
     walltime_s: float
     hosts: tuple[str, ...]
+    #: The scheduler may start it on fewer nodes, down to this many (None: exactly ``nodes``).
+    min_nodes: int | None = None
+    #: The scheduler may shorten its walltime, down to this (None: exactly ``walltime_s``).
+    min_walltime_s: float | None = None
+
+    @property
+    def sized_to_hole(self) -> bool:
+        """Sized to holes seen now (a pilot that waits too long for them missed them)."""
+        return bool(self.hosts)
 
 
 def size_pilot(
@@ -65,3 +86,29 @@ def size_pilot(
         return None
     _, k, wall = best
     return PilotRequest(k, wall, tuple(h.node for h in ranked[:k]))
+
+
+def sizing_request(
+    sizing: Sizing,
+    holes: Sequence[Hole],
+    min_nodes: int,
+    max_nodes: int,
+    min_walltime_s: float,
+    max_walltime_s: float,
+    margin_s: float = 0.0,
+    granularity_s: float = 0.0,
+) -> PilotRequest | None:
+    """The request of one pilot under ``sizing`` (see :data:`Sizing`); None: no hole fits yet.
+
+    ``scheduler`` ignores ``holes``: the whole range goes to the scheduler, which starts the
+    pilot when any size in it fits (Slurm's backfill shortens the walltime, down to the
+    minimum, only if that lets it start earlier).
+    """
+    if sizing == "scheduler":
+        return PilotRequest(max_nodes, max_walltime_s, (), min_nodes, min_walltime_s)
+    request = size_pilot(
+        holes, min_nodes, max_nodes, min_walltime_s, max_walltime_s, margin_s, granularity_s
+    )
+    if request is None or sizing == "provider" or request.nodes == min_nodes:
+        return request
+    return replace(request, min_nodes=min_nodes)

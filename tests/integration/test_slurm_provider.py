@@ -158,3 +158,59 @@ def test_a_pilot_that_missed_its_hole_is_withdrawn_and_sized_again(slurm, tmp_pa
     until(lambda: p.status([pilot_id]) and p.pilots[pilot_id].scheduler_id is not None, 30)
     assert p.pilots[pilot_id].scheduler_id != first
     assert p.status([pilot_id])[0].state is JobState.PENDING
+
+
+def test_a_range_pilot_started_smaller_reports_its_size_and_launches_at_it(
+    slurm, tmp_path: Path
+) -> None:
+    # Slurm sizes the pilot (1-4 nodes): with 2 nodes busy it starts on the other 2.
+    busy = sbatch(slurm, "main", 2, "sleep 600", "--time=10")
+    until(lambda: job(slurm, busy)["JobState"] == "RUNNING", 30)
+    p = _provider(tmp_path, max_nodes=4, sizing="scheduler", launcher=SrunLauncher())
+    seen = tmp_path / "seen"
+    # \\$: srun runs the command in the step, where its task count is set.
+    pilot_id = p.submit(f"echo \\$SLURM_STEP_NUM_TASKS $PARSL_BF_PILOT_END >> {seen}; sleep 600", 1)
+    pilot = p.pilots[pilot_id]
+    assert (
+        "--nodes=1-4"
+        in Path(p.resources[pilot_id]["job_stdout_path"]).with_suffix(".submit").read_text()
+    )
+    until(lambda: p.status([pilot_id])[0].state is JobState.RUNNING, 60)
+    assert sorted(pilot.nodes) == hole_left_by(slurm, busy)
+    # srun was told the 2 tasks of the size Slurm chose (with 4 it would not start), and the
+    # pilot's end is the one Slurm granted.
+    until(lambda: seen.exists() and len(seen.read_text().splitlines()) == 2, 60)
+    text = seen.read_text()
+    lines = {ln.split()[0]: ln.split()[-1] for ln in text.splitlines() if len(ln.split()) == 2}
+    assert len(lines) == 1, text
+    assert list(lines) == ["2"]
+    assert abs(float(lines["2"]) - pilot.ends_at) <= 1
+    main = sbatch(slurm, "main", 2, "sleep 5", "--time=1")  # needs the pilot's nodes
+    until(lambda: p.status([pilot_id])[0].terminal, 90)
+    assert (pilot.state, pilot.reason) == (JobState.TIMEOUT, "preempted")
+    until(lambda: job(slurm, main)["JobState"] in ("RUNNING", "COMPLETED"), 60)
+    run(slurm, "scancel", busy)
+
+
+def test_a_time_min_pilot_in_a_short_hole_reports_the_shortened_end_and_leaves_at_it(
+    slurm, tmp_path: Path
+) -> None:
+    # 2 nodes busy for 3 minutes and a 4-node main job planned after them: Slurm's backfill
+    # may start the pilot only with a walltime shorter than the 10 minutes it asks for.
+    busy = sbatch(slurm, "main", 2, "sleep 600", "--time=3")
+    until(lambda: job(slurm, busy)["JobState"] == "RUNNING", 30)
+    waiting = sbatch(slurm, "main", 4, "sleep 1", "--time=1")
+    p = _provider(tmp_path, max_nodes=4, sizing="scheduler", status_polling_interval=1)
+    ends = tmp_path / "ends"
+    pilot_id = p.submit(f"echo $PARSL_BF_PILOT_END > {ends}; sleep 600", 1)
+    pilot = p.pilots[pilot_id]
+    until(lambda: p.status([pilot_id])[0].state is JobState.RUNNING, 60)
+    granted = pilot.ends_at - pilot.started_at
+    assert 60 <= granted < 600
+    until(ends.exists, 30)
+    assert abs(float(ends.read_text()) - pilot.ends_at) <= 1  # the pilot knows its real end
+    until(lambda: p.status([pilot_id])[0].terminal, granted + 90)
+    assert (pilot.state, pilot.reason) == (JobState.TIMEOUT, "walltime")  # not preempted
+    assert "signalled, exiting" in Path(p.resources[pilot_id]["job_stderr_path"]).read_text()
+    assert job(slurm, waiting)["JobState"] == "PENDING"  # it left before the hole closed
+    run(slurm, "scancel", busy, waiting)

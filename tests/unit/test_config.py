@@ -273,6 +273,7 @@ def test_batch_provider_settings_point_at_their_line(tmp_path) -> None:
         (lambda t: SlurmBackfillProvider(max_blocks=0), "max_blocks", "at least 1"),
         (lambda t: SlurmBackfillProvider(init_blocks=5), "init_blocks", "more than max_blocks"),
         (lambda t: SlurmBackfillProvider(signal_lead_s=-1), "signal_lead_s", "at least 0"),
+        (lambda t: SlurmBackfillProvider(sizing="slurm"), "sizing", "not one of provider"),
         (lambda t: PBSProBackfillProvider(cpus_per_node=0), "cpus_per_node", "at least 1"),
         (
             lambda t: PBSProBackfillProvider(min_walltime="02:00:00"),

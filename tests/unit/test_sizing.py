@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parsl_bf.providers.sizing import Hole, size_pilot
+from parsl_bf.providers.sizing import SIZINGS, Hole, PilotRequest, size_pilot, sizing_request
 
 windows = st.lists(st.one_of(st.none(), st.floats(0, 10_000)), min_size=0, max_size=12)
 
@@ -50,3 +50,50 @@ def test_best_within_bounds(ws, min_nodes, extra, min_wall, more_wall) -> None:
     # The pilot's nodes all stay free for its walltime.
     by_node = {f"n{i}": w for i, w in enumerate(ws)}
     assert all(by_node[h] is None or by_node[h] >= best.walltime_s for h in best.hosts)
+
+
+@given(st.sampled_from(SIZINGS), windows, st.integers(1, 5), st.integers(0, 5), st.floats(60, 600))
+def test_each_sizing_stays_within_the_bounds_and_ours_only_narrows(
+    sizing, ws, min_nodes, extra, min_wall
+) -> None:
+    max_nodes, max_wall = min_nodes + extra, min_wall + 1200
+    ours = size_pilot(_holes(ws), min_nodes, max_nodes, min_wall, max_wall)
+    got = sizing_request(sizing, _holes(ws), min_nodes, max_nodes, min_wall, max_wall)
+    if sizing == "scheduler":  # the whole range, whatever the holes: Slurm picks at the start
+        assert got == PilotRequest(max_nodes, max_wall, (), min_nodes, min_wall)
+        assert not got.sized_to_hole
+        return
+    if ours is None:
+        assert got is None  # no hole fits: the pilot waits in the provider either way
+        return
+    assert got is not None and got.sized_to_hole
+    assert (got.nodes, got.walltime_s, got.hosts) == (ours.nodes, ours.walltime_s, ours.hosts)
+    assert got.min_walltime_s is None  # our walltime in both
+    if sizing == "provider" or ours.nodes == min_nodes:
+        assert got.min_nodes is None
+    else:  # hybrid: Slurm may start it on fewer of our nodes, never fewer than min_nodes
+        assert got.min_nodes == min_nodes < got.nodes
+
+
+def test_a_range_request_becomes_slurm_ranges_and_a_launch_per_size(tmp_path) -> None:
+    from parsl.launchers import SrunLauncher
+
+    from parsl_bf.providers import SlurmBackfillProvider
+    from parsl_bf.providers.base import Pilot
+    from parsl_bf.providers.batch import _Job
+
+    provider = SlurmBackfillProvider(sizing="scheduler", launcher=SrunLauncher())
+    request = sizing_request("scheduler", [], 2, 4, 120, 3600)
+    job = _Job(Pilot("p.1"), "work", 1, "parsl.bf")
+    script = provider._script(job, request, tmp_path / "o", tmp_path / "e")
+    directives = [line.split(" ", 1)[1] for line in script.splitlines() if line[:7] == "#SBATCH"]
+    assert {"--nodes=2-4", "--time-min=2", "--time=60"} <= set(directives)
+    # srun is told the task count of the size Slurm started the pilot at, one arm per size.
+    for k in (2, 3, 4):
+        assert f"{k})\n" in script and f"srun --ntasks {k} " in script
+    assert "srun --ntasks 1 " not in script
+    assert "EndTime=" in script  # the end Slurm granted, not the --time asked for
+    fixed = sizing_request("provider", _holes([900, 900]), 1, 4, 60, 3600, granularity_s=60)
+    script = provider._script(job, fixed, tmp_path / "o", tmp_path / "e")
+    assert "#SBATCH --nodes=2\n" in script and "--time-min" not in script
+    assert "case " not in script

@@ -23,6 +23,7 @@ __all__ = [
     "Hole",
     "SlurmCommandError",
     "check_partition",
+    "end_time_shell",
     "holes",
     "parse_job",
     "parse_sinfo_nodes",
@@ -147,6 +148,18 @@ def scancel(job_ids: Sequence[str], runner: Runner = run) -> None:
 
 #: Run inside a job: its nodes, comma-separated.
 NODE_LIST_SHELL = 'scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -'
+
+
+def end_time_shell(fallback_s: int) -> str:
+    """A shell expression, run inside a job, printing the epoch second its walltime ends:
+    ``scontrol show job``'s ``EndTime`` (local time, as Slurm prints it), else
+    ``fallback_s`` from now when the controller does not answer."""
+    ask = 'scontrol show job -o "$SLURM_JOB_ID" | grep -o "EndTime=[0-9T:-]*" | cut -d= -f2'
+    return (
+        f'$(end=$({ask}); date -d "${{end:-none}}" +%s 2>/dev/null'
+        f" || echo $(( $(date +%s) + {fallback_s} )))"
+    )
+
 
 #: Run inside a job on its --signal: true if it is being preempted (PreemptTime is set), false
 #: for the walltime notice, which Slurm may send up to a minute before the lead asked for (and

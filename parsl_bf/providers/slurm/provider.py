@@ -23,9 +23,9 @@ from parsl.jobs.states import JobState
 from parsl.launchers import SrunLauncher
 from parsl.launchers.base import Launcher
 
-from ..base import Pilot, parse_walltime
+from ..base import Pilot, SettingError, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
-from ..sizing import Hole, PilotRequest
+from ..sizing import SIZINGS, Hole, PilotRequest, Sizing
 from . import commands
 from .commands import epoch
 
@@ -35,6 +35,11 @@ _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
 _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
 _HELD = {"SUSPENDED", "STOPPED"}
 _FAILED = {"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"}
+
+
+def _range(low: int | None, high: int) -> str:
+    """``--nodes``: a count, or ``low-high`` when Slurm may start the pilot smaller."""
+    return f"{low}-{high}" if low is not None and low < high else str(high)
 
 
 def pilot_from_job(
@@ -111,6 +116,14 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         leave (at preemption the signal comes at the start of the grace time).
     exclusive : bool
         ``--exclusive`` nodes.
+    sizing : str
+        Who sizes the pilots. ``provider`` (the default): we do, from ``sinfo`` and
+        ``squeue --start``, and submit a fixed ``--nodes`` and ``--time``. ``scheduler``: Slurm
+        does: each pilot is submitted at once with ``--nodes=min_nodes-max_nodes``,
+        ``--time-min=min_walltime`` and ``--time=max_walltime``, waits in Slurm's queue (it is
+        not withdrawn) and starts when any size fits. ``hybrid``: our walltime, and our node
+        count as the upper bound of ``--nodes=min_nodes-count``. Either way the pilot learns
+        its real nodes and end from its allocation (``SLURM_JOB_NODELIST``, ``EndTime``).
     """
 
     parsl_provider = "SlurmProvider"
@@ -131,6 +144,7 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         exit_wait_s: float = 8.0,
         pending_timeout_s: float = 30.0,
         exclusive: bool = True,
+        sizing: Sizing = "provider",
         launcher: Launcher | None = None,
         worker_init: str = "",
         scheduler_options: str = "",
@@ -143,7 +157,10 @@ class SlurmBackfillProvider(BatchBackfillProvider):
     ) -> None:
         settings = shared_settings(locals(), launcher=launcher or SrunLauncher())
         super().__init__(label="slurm-backfill", **settings)
+        if sizing not in SIZINGS:
+            raise SettingError("sizing", f"{sizing!r} is not one of {', '.join(SIZINGS)}")
         self.partition, self.qos, self.account, self.exclusive = partition, qos, account, exclusive
+        self.sizing = sizing
 
     def _run(self, args) -> str:
         return commands.run(args, timeout=self.cmd_timeout)
@@ -158,13 +175,15 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         lines = [
             f"--job-name={job.job_name}",
             f"--partition={self.partition}",
-            f"--nodes={request.nodes}",
+            f"--nodes={_range(request.min_nodes, request.nodes)}",
             f"--time={int(request.walltime_s // 60)}",
             f"--signal=B:USR1@{self.signal_lead_s}",
             "--no-requeue",
             f"--output={out}",
             f"--error={err}",
         ]
+        if request.min_walltime_s is not None and request.min_walltime_s < request.walltime_s:
+            lines.append(f"--time-min={int(request.min_walltime_s // 60)}")
         if self.qos:
             lines.append(f"--qos={self.qos}")
         if self.account:
@@ -175,6 +194,10 @@ class SlurmBackfillProvider(BatchBackfillProvider):
 
     def _node_list(self) -> str:
         return commands.NODE_LIST_SHELL
+
+    def _end_shell(self, walltime_s: int) -> str:
+        # Slurm's EndTime: the walltime it granted (--time-min may have shortened it).
+        return commands.end_time_shell(walltime_s)
 
     def _preempted_test(self) -> str:
         return commands.PREEMPTED_SHELL
