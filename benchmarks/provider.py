@@ -305,7 +305,7 @@ def make_provider(kind: str, script_dir: Path):
 def count_commands(provider, counts: dict[str, int]) -> None:
     """Count, in ``counts``, the Slurm commands ``provider`` runs that reach the controller."""
 
-    def counted(name: str, words) -> None:
+    def counted(words: list[str]) -> None:
         if words[:3] != ["scontrol", "show", "hostnames"]:  # parsed locally
             key = " ".join(words[:3]) if words[:1] == ["scontrol"] else words[0]
             counts[key] = counts.get(key, 0) + 1
@@ -314,7 +314,7 @@ def count_commands(provider, counts: dict[str, int]) -> None:
         run = provider._run
 
         def ours(args):
-            counted("ours", list(args))
+            counted(list(args))
             return run(args)
 
         provider._run = ours
@@ -322,7 +322,7 @@ def count_commands(provider, counts: dict[str, int]) -> None:
         execute = provider.execute_wait
 
         def stock(cmd, *args, **kwargs):
-            counted("stock", cmd.split())
+            counted(cmd.split())
             return execute(cmd, *args, **kwargs)
 
         provider.execute_wait = stock

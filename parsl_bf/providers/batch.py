@@ -267,7 +267,7 @@ class BatchBackfillProvider(PilotProvider):
         """The launcher's command for the pilot's real size: one per size the scheduler may
         start it at, chosen by the count of ``PILOT_NODES`` (a launcher such as srun is
         told its task count)."""
-        sizes = range(request.min_nodes or request.nodes, request.nodes + 1)
+        sizes = range(request.fewest_nodes, request.nodes + 1)
 
         def launch(nodes: int) -> str:
             return self.launcher(job.command, job.tasks_per_node, nodes, str(out.parent))
@@ -488,11 +488,11 @@ done
 def _described(request: PilotRequest) -> str:
     """A request in words, for the pilot script's header and the log."""
     nodes = f"{request.nodes}"
-    if request.min_nodes is not None and request.min_nodes < request.nodes:
-        nodes = f"{request.min_nodes}-{request.nodes}"
+    if request.fewest_nodes < request.nodes:
+        nodes = f"{request.fewest_nodes}-{request.nodes}"
     wall = f"{request.walltime_s:.0f} s"
-    if request.min_walltime_s is not None and request.min_walltime_s < request.walltime_s:
-        wall = f"{request.min_walltime_s:.0f}-{request.walltime_s:.0f} s"
+    if request.shortest_s < request.walltime_s:
+        wall = f"{request.shortest_s:.0f}-{request.walltime_s:.0f} s"
     how = "sized to a hole" if request.sized_to_hole else "sized by the scheduler"
     return f"{nodes} node(s) for {wall}, {how}"
 

@@ -51,6 +51,16 @@ class PilotRequest:
     min_walltime_s: float | None = None
 
     @property
+    def fewest_nodes(self) -> int:
+        """The fewest nodes the scheduler may start it on."""
+        return self.nodes if self.min_nodes is None else min(self.min_nodes, self.nodes)
+
+    @property
+    def shortest_s(self) -> float:
+        """The shortest walltime the scheduler may grant."""
+        return self.walltime_s if self.min_walltime_s is None else self.min_walltime_s
+
+    @property
     def sized_to_hole(self) -> bool:
         """Sized to holes seen now (a pilot that waits too long for them missed them)."""
         return bool(self.hosts)

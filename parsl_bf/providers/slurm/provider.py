@@ -37,9 +37,11 @@ _HELD = {"SUSPENDED", "STOPPED"}
 _FAILED = {"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"}
 
 
-def _range(low: int | None, high: int) -> str:
-    """``--nodes``: a count, or ``low-high`` when Slurm may start the pilot smaller."""
-    return f"{low}-{high}" if low is not None and low < high else str(high)
+def _nodes(request: PilotRequest) -> str:
+    """``--nodes``: a count, or ``fewest-most`` when Slurm may start the pilot smaller."""
+    if request.fewest_nodes < request.nodes:
+        return f"{request.fewest_nodes}-{request.nodes}"
+    return str(request.nodes)
 
 
 def pilot_from_job(
@@ -175,15 +177,15 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         lines = [
             f"--job-name={job.job_name}",
             f"--partition={self.partition}",
-            f"--nodes={_range(request.min_nodes, request.nodes)}",
+            f"--nodes={_nodes(request)}",
             f"--time={int(request.walltime_s // 60)}",
             f"--signal=B:USR1@{self.signal_lead_s}",
             "--no-requeue",
             f"--output={out}",
             f"--error={err}",
         ]
-        if request.min_walltime_s is not None and request.min_walltime_s < request.walltime_s:
-            lines.append(f"--time-min={int(request.min_walltime_s // 60)}")
+        if request.shortest_s < request.walltime_s:
+            lines.append(f"--time-min={int(request.shortest_s // 60)}")
         if self.qos:
             lines.append(f"--qos={self.qos}")
         if self.account:
