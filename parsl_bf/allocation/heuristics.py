@@ -24,11 +24,15 @@ def _answer(problem: AllocationProblem, counts: dict[str, int], start: float) ->
 
 
 def equal_share(problem: AllocationProblem) -> Allocation:
-    """The original's heuristic: ⌊N/J⌋ each, clipped to [min, max]; leftovers first come first."""
+    """The original's heuristic, as its code does it: a share of ⌊N/J⌋ each, clipped to
+    ``max_nodes``, where it exceeds ``min_nodes`` (a share of exactly ``min_nodes`` gives 0:
+    ``frule`` in the original's ``progGRB.py``, line 121 at BFTrainer/Replayer 515f0e5); then
+    the leftovers, first come first served, each task up to its ``max_nodes`` (one at 0 only if
+    that reaches ``min_nodes``)."""
     start = time.perf_counter()
     tasks = problem.tasks
     share = problem.capacity // len(tasks)
-    counts = {t.id: min(share, t.max_nodes) if share >= t.min_nodes else 0 for t in tasks}
+    counts = {t.id: min(share, t.max_nodes) if share > t.min_nodes else 0 for t in tasks}
     left = problem.capacity - sum(counts.values())
     for t in tasks:  # tasks arrive in admission order
         extra = t.max_nodes - counts[t.id] if counts[t.id] else t.max_nodes

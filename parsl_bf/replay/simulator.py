@@ -106,18 +106,25 @@ class ReplayConfig:
     # docs/training.md; 1 s is that with a margin.) None: every planned rescale pays
     # R_up·P(c) or R_down·P(c), as in the original replayer.
     rescale_in_place_s: float | None = 1.0
+    # The rate at which a rescale of a task holding c nodes, fewer than its min_nodes (left so
+    # by a preemption), is charged. False: its rate, 0 (it trains nothing below min_nodes).
+    # True: its curve's P(c) all the same, as the original replayer (jobs.py, lines 90 and 93,
+    # BFTrainer/Replayer 515f0e5).
+    charge_curve_below_min: bool = False
 
 
 #: The ReplayConfig fields that replay the original replayer's way: completions and admissions
 #: at the trace's events only, no gain ever capped at a task's remaining work, every preemption
 #: a restart, a preempted task's rescale at the same event charged apart from it, and every
-#: planned rescale a restart.
+#: planned rescale a restart, charged at the job's curve even below its min_nodes.
+#: docs/replay.md, "The original's accounting", gives each rule with the original's line.
 ORIGINAL_ACCOUNTING = {
     "task_events": False,
     "cap_at_remaining_work": False,
     "restart_once": False,
     "preemption_shrink_s": None,
     "rescale_in_place_s": None,
+    "charge_curve_below_min": True,
 }
 
 
@@ -389,6 +396,8 @@ def replay(
                     n_rescales += 1
                     cost = task.job.rescale_up_s if n > c else task.job.rescale_down_s
                     rate = task.rate
+                    if config.charge_curve_below_min and 0 < c < task.job.min_nodes:
+                        rate = float(np.interp(c, task.job.nodes, task.job.throughput))
                     # As the executor: a running task that keeps nodes shrinks in place, and
                     # one that grows grows in place, once the nodes it takes are free (those
                     # another task gives back now, after its ranks there have left); a task

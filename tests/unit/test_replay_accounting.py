@@ -258,6 +258,9 @@ def test_equal_share_splits_then_gives_leftovers_first_come_first_served() -> No
     assert result.counts == {"t0": 5, "t1": 3, "t2": 3}
     small = equal_share(AllocationProblem(tasks=_tasks(3), free_nodes=5, tfwd=10))
     assert small.counts == {"t0": 5, "t1": 0, "t2": 0}  # ⌊5/3⌋ < min: all to the first
+    # A share of exactly min_nodes gives 0, as the original's code (frule) does: ⌊6/3⌋ = 2.
+    even = equal_share(AllocationProblem(tasks=_tasks(3), free_nodes=6, tfwd=10))
+    assert even.counts == {"t0": 6, "t1": 0, "t2": 0}
 
 
 def test_greedy_is_optimal_on_concave_curves_and_not_beyond() -> None:
@@ -332,3 +335,46 @@ def test_a_job_submitted_into_a_free_slot_starts_at_its_submission() -> None:
         trace, [a, b], make_policy("milp"), dataclasses.replace(config, task_events=False)
     )
     assert "b" not in late.task_nodes
+
+
+def test_a_rescale_is_charged_whole_from_the_next_interval_even_a_short_one() -> None:
+    # The original's rule (BFTrainer-replay.py, line 73): a rescale decided at one event is
+    # taken from the progress up to the next, whole, even where it exceeds it. A second node
+    # joins at t=100 and the task grows 1 → 2 (R_up·P(1) = 10 × 100 = 1,000); the next event is
+    # one second later (a third node, of no use at max 2), so that second's progress is
+    # 1 × 200 − 1,000 = −800.
+    trace = idle_trace([True, False, False], [(100, 1, True), (101, 2, True)], 300)
+    job = _job(max_nodes=2)
+    result = replay(trace, [job], make_policy("exact"), RESTARTS)
+    at = dict(result.task_samples["a"])
+    assert at[100] == pytest.approx(100 * 100)
+    assert at[101] == pytest.approx(100 * 100 + 200 - 1_000)
+    assert result.summary["samples"] == pytest.approx(100 * 100 + 200 * 200 - 1_000)
+
+
+def test_a_rescale_below_min_nodes_is_charged_at_the_curve_in_the_original_accounting() -> None:
+    # min_nodes 2: a preemption at t=100 leaves the task 1 node (it trains nothing there), and
+    # node 2 becoming idle at the same event grows it back to 2. The preemption costs
+    # R_down·P(2) = 5 × 200; the grow from 1 node costs R_up·P(1) = 10 × 100 in the original
+    # (jobs.py, line 93: the curve, with no min_nodes test), nothing at the task's rate of 0.
+    trace = idle_trace([True, True, False], [(100, 1, False), (100, 2, True)], 300)
+    job = Job(
+        "a",
+        "linear",
+        0.0,
+        2,
+        4,
+        10.0,
+        5.0,
+        1e9,
+        (0, 1, 2, 4),
+        (0, 100, 200, 400),
+        (0, 100, 200, 400),
+    )
+    config = dataclasses.replace(RESTARTS, restart_once=False)
+    at_rate = replay(trace, [job], make_policy("exact"), config).summary
+    assert at_rate["samples"] == pytest.approx(100 * 200 - 1_000 + 200 * 200)
+    curve = dataclasses.replace(config, charge_curve_below_min=True)
+    at_curve = replay(trace, [job], make_policy("exact"), curve).summary
+    assert at_curve["samples"] == pytest.approx(100 * 200 - 1_000 + 200 * 200 - 1_000)
+    assert at_curve["rescale_loss_samples"] == pytest.approx(1_000)

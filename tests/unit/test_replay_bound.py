@@ -133,9 +133,12 @@ def test_two_jobs_split_three_nodes_by_the_hull() -> None:
     trace = idle_trace([True] * 3, [], 1000)
     jobs = [_job(x, (0, 1, 2, 3), (0, 100, 150, 180)) for x in "ab"]
     assert e_avail_bound(trace, jobs).value == pytest.approx(2500 / 3000)
-    for policy in (make_policy("milp"), equal_share):  # equal share: 1 each, the third to a
-        s = replay(trace, jobs, policy, ReplayConfig(tfwd=100)).summary
-        assert s["E_avail"] == pytest.approx(2500 / 3000)
+    s = replay(trace, jobs, make_policy("milp"), ReplayConfig(tfwd=100)).summary
+    assert s["E_avail"] == pytest.approx(2500 / 3000)
+    # Equal share, as the original's code does it: a share of ⌊3/2⌋ = 1 = min_nodes gives 0,
+    # and the leftovers go first come first served: all 3 to a, 180/s, below the bound.
+    s = replay(trace, jobs, equal_share, ReplayConfig(tfwd=100)).summary
+    assert s["E_avail"] == pytest.approx(1800 / 3000)
 
 
 def test_a_job_counts_only_from_its_submission() -> None:
