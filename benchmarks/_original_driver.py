@@ -18,7 +18,9 @@ bindings made before it starts:
 
 Each MILP solve also prints one ``[solve] {json}`` line: the problem (the jobs' current node
 counts, bounds, curves and rescale costs; the idle nodes), CBC's status, the node counts of its
-answer and the objective it printed, so that the benchmark can solve the same problem again.
+answer and the objective it printed, with the event's time and the jobs' ids (read from the
+script's loop variables), so that the benchmark can solve the same problem again and replay
+CBC's answers in ours.
 
 The replayer's own output (stdout and ``<name>-itrOut/step-logs.csv``) is what
 ``benchmarks/original.py`` reads.
@@ -83,7 +85,7 @@ def write_inputs(instance: dict, states: np.ndarray, work: Path) -> dict[str, Pa
     return paths
 
 
-def bind_solver(seed: int) -> None:
+def bind_solver(seed: int, t0: pd.Timestamp) -> None:
     """The three bindings of the module docstring."""
     from mip import OptimizationStatus
 
@@ -94,7 +96,7 @@ def bind_solver(seed: int) -> None:
     import progGRB
     import progMIP
 
-    progGRB.re_allocate = recorded(progMIP.re_allocate)
+    progGRB.re_allocate = recorded(progMIP.re_allocate, t0)
     random_map = jobs.gen_rand_job_map
 
     def seeded_map(nJ, nN, jmin, jmax):
@@ -106,10 +108,14 @@ def bind_solver(seed: int) -> None:
     jobs.gen_rand_job_map = seeded_map
 
 
-def recorded(solve):
-    """``solve`` (progMIP.re_allocate), printing each problem and answer as a ``[solve]`` line."""
+def recorded(solve, t0: pd.Timestamp):
+    """``solve`` (progMIP.re_allocate), printing each problem and answer as a ``[solve]`` line,
+    with the event's time and the jobs' ids, read from the replayer's loop variables."""
 
     def wrapper(cmap, jmin, jmax, Ns, Os, Tfwd, res_up, res_dw, time_limit, **kw):
+        loop = sys._getframe(1).f_globals  # the script's module namespace: its loop state
+        at = loop["nstat"].index[loop["_idx"]]
+        ids = [str(x) for x in loop["QJbnd"].index]
         said = io.StringIO()
         with contextlib.redirect_stdout(said):
             status, sol_map, rate, cost = solve(
@@ -119,6 +125,8 @@ def recorded(solve):
         found = re.search(r"cost (\S+) found", said.getvalue())
         current = np.asarray(cmap).sum(axis=1)
         record = {
+            "t": round((at - t0).total_seconds()),
+            "ids": ids,
             "nodes": int(np.asarray(cmap).shape[1]),
             "tasks": [
                 {
@@ -153,7 +161,7 @@ def main() -> int:
     paths = write_inputs(instance, states, work)
     os.chdir(work)
     sys.path.insert(0, str(work))
-    bind_solver(int(seed))
+    bind_solver(int(seed), pd.Timestamp(instance["t0"]))
     sys.argv = [
         "BFTrainer-replay.py",
         *("-nis", "0", "-nN", nodes, "-Tfwd", tfwd, "-optTL", time_limit, "-maxJ", max_jobs),

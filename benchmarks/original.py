@@ -36,6 +36,7 @@ line: ``original``, ``ours_original_accounting`` and ``diff`` per ``instance/pol
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import hashlib
 import json
@@ -51,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parsl_bf.allocation import AllocationProblem, Objective
+from parsl_bf.allocation import Allocation, AllocationProblem, Objective, SolveStatus
 from parsl_bf.allocation.gains import score
 from parsl_bf.replay import default_data_dir, load_job_set, missing_data
 from parsl_bf.replay.jobsets import Job
@@ -181,7 +182,8 @@ def run_original(python: Path, src: Path, work: Path, policy: str, nodes: int, a
     # A run is a function of its command line and instance: one already in ``work`` for the
     # same ones is read again rather than repeated (the MILP runs take minutes).
     digest = hashlib.sha256(json.dumps(cmd[2:]).encode())
-    for path in [work / "instance.json", work / "states.npy", *(src / n for n in SOURCES)]:
+    inputs = [DRIVER, work / "instance.json", work / "states.npy", *(src / n for n in SOURCES)]
+    for path in inputs:
         digest.update(path.read_bytes())
     stamp, out = work / "run.sha256", work / "stdout.txt"
     if stamp.exists() and out.exists() and stamp.read_text() == digest.hexdigest():
@@ -260,7 +262,10 @@ def original_figures(
 # Ours, and the solver check
 
 
-def ours(trace: IdleTrace, jobs: list[Job], policy: str, end_s: int | None, args) -> dict:
+def ours(trace: IdleTrace, jobs: list[Job], policy, end_s: int | None, args, progress=None) -> dict:
+    """Our replay in the original's accounting; ``policy`` a name or a policy."""
+    if isinstance(policy, str):
+        policy = make_policy(policy, args.time_limit)
     config = ReplayConfig(
         tfwd=args.tfwd,
         objective=Objective.THROUGHPUT,
@@ -269,7 +274,7 @@ def ours(trace: IdleTrace, jobs: list[Job], policy: str, end_s: int | None, args
         bound_buckets=0,
         **ORIGINAL_ACCOUNTING,
     )
-    s = replay(trace, jobs, make_policy(policy, args.time_limit), config).summary
+    s = replay(trace, jobs, policy, config, progress=progress).summary
     return {
         "util": s["util"],
         "E_used": s["E_used"],
@@ -282,6 +287,45 @@ def ours(trace: IdleTrace, jobs: list[Job], policy: str, end_s: int | None, args
         "idle_node_s": s["idle_node_s"],
         "at_time_limit": s["solve_status"].get("time_limit", 0),
     }
+
+
+def cbc_decisions(solves: list[dict], times: list[int], time_limit: float):
+    """A policy that answers as the original's CBC did, its progress callback, and a tally.
+
+    At each trace event (``times``; the callback follows the replay through them) a problem
+    gets the answer of the original's ``[solve]`` at the same event, if that was a problem of
+    the same jobs at the same current counts (on a solve CBC did not report optimal, the
+    current counts: the original keeps its map). Any other problem (the two replays have
+    parted: a preemption hit other jobs, or the original's first map was its random one) gets
+    our MILP's answer and counts as ``parted``; one with no node to give is answered at once."""
+    milp = make_policy("milp", time_limit)
+    by_t = {r["t"]: r for r in solves}
+    tally = {"followed": 0, "parted": 0}
+    now = [0]  # index into times of the event being replayed
+
+    def progress(t: int, events: int) -> None:
+        now[0] = bisect.bisect_right(times, t)
+
+    def policy(problem: AllocationProblem) -> Allocation:
+        rec = by_t.get(times[min(now[0], len(times) - 1)])
+        current = [t.current_nodes for t in problem.tasks]
+        same = (
+            rec is not None
+            and rec["ids"] == [t.id for t in problem.tasks]
+            and [t["current"] for t in rec["tasks"]] == current
+        )
+        if not same:
+            if problem.capacity == 0:
+                return milp(problem)
+            tally["parted"] += 1
+            return milp(problem)
+        tally["followed"] += 1
+        given = rec["counts"] if rec["status"] == "OPTIMAL" else current
+        counts = {t.id: n for t, n in zip(problem.tasks, given, strict=True)}
+        value = score(problem, counts)[0]
+        return Allocation(status=SolveStatus.OPTIMAL, objective=value, counts=counts, solve_s=0.0)
+
+    return policy, progress, tally
 
 
 def solver_check(solves: list[dict], args) -> tuple[dict, list[str]]:
@@ -426,6 +470,10 @@ def run(args, policies: list[str], commit: str) -> int:
                 flush=True,
             )
             results[key] = {"policy": policy, "original": theirs, "ours": mine}
+            if policy == "milp":  # the accounting alone: ours fed the original's CBC answers
+                follow, progress, tally = cbc_decisions(theirs["solves"], times, args.time_limit)
+                cut = None if end is None else theirs["end_s"]
+                results[key]["cbc"] = ours(trace, jobs, follow, cut, args, progress) | tally
     return report(results, commit, args)
 
 
@@ -437,7 +485,10 @@ def report(results: dict, commit: str, args) -> int:
     print(f"{'instance / policy':58} {'side':9} " + " ".join(f"{k:>10}" for k in FIGURES))
     for key, r in results.items():
         theirs, mine = r["original"], r["ours"]
-        for side, f in (("original", theirs), ("ours", mine)):
+        sides = [("original", theirs), ("ours", mine)] + (
+            [("ours, CBC", r["cbc"])] if "cbc" in r else []
+        )
+        for side, f in sides:
             print(f"{key:58} {side:9} " + " ".join(f"{fmt(f[k]):>10}" for k in FIGURES))
         d = {
             k: mine[k] - theirs[k]
@@ -465,6 +516,19 @@ def report(results: dict, commit: str, args) -> int:
         if r["policy"] == "milp":
             solver[key], why = solver_check(theirs["solves"], args)
             suspect.extend(f"{key}: {w}" for w in why)
+            cbc = r["cbc"]
+            d_cbc = {k: cbc[k] - theirs[k] for k in ("util", "E_avail")}
+            fair = BOUNDS["equal-share"]  # no solver left between the two: the tight bound
+            ok_cbc = all(abs(v) <= fair for v in d_cbc.values())
+            if not ok_cbc:
+                anomalies.append(f"{key}: with CBC's answers {d_cbc} beyond ±{fair}")
+            solver[key] |= {
+                "ours_with_cbc_answers": {k: cbc[k] for k in ("util", "E_used", "E_avail")},
+                "diff_with_cbc_answers": d_cbc,
+                "within_bounds_with_cbc_answers": ok_cbc,
+                "cbc_answers_followed": cbc["followed"],
+                "parted": cbc["parted"],
+            }
     print()
     print(f"bounds: equal-share ±{BOUNDS['equal-share']}, milp ±{BOUNDS['milp']} (E_avail, util)")
     for key, s in solver.items():
@@ -472,7 +536,10 @@ def report(results: dict, commit: str, args) -> int:
             f"{key}: of {s['solves']} MILPs the original's CBC solved ({s['original_status']}), "
             f"ours found a better answer on {s['ours_better']} (CBC's mean shortfall "
             f"{100 * s['mean_shortfall_of_original']:.1f}%), the same on {s['same']}, a worse "
-            f"one on {s['original_better']}"
+            f"one on {s['original_better']}; ours given CBC's answers: E_avail "
+            f"{fmt(s['ours_with_cbc_answers']['E_avail'])}, util "
+            f"{fmt(s['ours_with_cbc_answers']['util'])} ({s['cbc_answers_followed']} followed, "
+            f"{s['parted']} parted)"
         )
     summary = {
         "original": out_orig,

@@ -96,3 +96,16 @@ def test_without_the_original_the_benchmark_says_what_it_needs(tmp_path: Path) -
     )
     assert empty.returncode == 2 and "not a checkout of BFTrainer/Replayer" in empty.stderr
     assert "Traceback" not in empty.stderr
+
+
+def test_our_accounting_given_cbcs_answers_reproduces_the_original_milp(bench, instance) -> None:
+    # Fed the original's own CBC answers, event by event, our replay in its accounting lands
+    # within the no-solver bound of the original's figures: what is left between the MILP rows
+    # is the solver.
+    trace, jobs, _, times = instance
+    theirs = _recorded(bench, instance, "milp")
+    follow, progress, tally = bench.cbc_decisions(theirs["solves"], times, ARGS.time_limit)
+    mine = bench.ours(trace, jobs, follow, theirs["end_s"], ARGS, progress)
+    assert tally["followed"] == len(theirs["solves"])
+    assert mine["E_avail"] == pytest.approx(theirs["E_avail"], abs=bench.BOUNDS["equal-share"])
+    assert mine["util"] == pytest.approx(theirs["util"], abs=bench.BOUNDS["equal-share"])
