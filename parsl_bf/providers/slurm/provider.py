@@ -119,13 +119,15 @@ class SlurmBackfillProvider(BatchBackfillProvider):
     exclusive : bool
         ``--exclusive`` nodes.
     sizing : str
-        Who sizes the pilots. ``provider`` (the default): we do, from ``sinfo`` and
-        ``squeue --start``, and submit a fixed ``--nodes`` and ``--time``. ``scheduler``: Slurm
-        does: each pilot is submitted at once with ``--nodes=min_nodes-max_nodes``,
+        Who sizes the pilots. ``hybrid`` (the default): we size each pilot to a hole from
+        ``sinfo`` and ``squeue --start`` (its walltime, and its node count as the upper bound
+        of ``--nodes=min_nodes-count``) and Slurm starts it at any size in that range.
+        ``provider``: ours alone, a fixed ``--nodes`` and ``--time``. ``scheduler``: Slurm's
+        alone: each pilot is submitted at once with ``--nodes=min_nodes-max_nodes``,
         ``--time-min=min_walltime`` and ``--time=max_walltime``, waits in Slurm's queue (it is
-        not withdrawn) and starts when any size fits. ``hybrid``: our walltime, and our node
-        count as the upper bound of ``--nodes=min_nodes-count``. Either way the pilot learns
-        its real nodes and end from its allocation (``SLURM_JOB_NODELIST``, ``EndTime``).
+        not withdrawn) and starts when any size fits. Either way the pilot learns its real
+        nodes and end from its allocation (``SLURM_JOB_NODELIST``, ``EndTime``).
+        docs/providers.md, "Who sizes the pilots", has the measurements behind the default.
     """
 
     parsl_provider = "SlurmProvider"
@@ -146,7 +148,7 @@ class SlurmBackfillProvider(BatchBackfillProvider):
         exit_wait_s: float = 8.0,
         pending_timeout_s: float = 30.0,
         exclusive: bool = True,
-        sizing: Sizing = "provider",
+        sizing: Sizing = "hybrid",
         launcher: Launcher | None = None,
         worker_init: str = "",
         scheduler_options: str = "",
