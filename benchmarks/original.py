@@ -25,9 +25,11 @@ within ±0.01 of the original's E_avail and util; the MILP within ±0.03, or bey
 the solver explains it. For the MILP the benchmark also re-solves every problem the original's
 CBC solved (recorded by the driver) with our solver and scores both answers with our objective,
 which is the original's, and replays the original's own CBC answers in our accounting
-(``cbc_decisions``): where ours finds better answers and ours given CBC's answers is within
-±0.01 of the original, the difference is the solver's, not the accounting's (an unexplained
-miss is an anomaly); a problem on which the original's
+(``cbc_decisions``; it follows the original only until a preemption hits other jobs in the
+two, so it judges the accounting only where it followed at least 90 % of the solves, and must
+then be within ±0.01). A MILP miss beyond ±0.03 is the solver's where CBC's answers were worse
+than ours, or missing at its time limit, on some problems and better on none; any other is an
+anomaly. A problem on which the original's
 answer scores better than ours, or on which our score of its answer differs from the objective
 CBC printed, is listed under ``suspect`` (the models would disagree).
 
@@ -72,6 +74,9 @@ DEFAULT_VENV = Path.home() / ".cache" / "parsl_bf" / "bftrainer-original-venv"
 HOUR = 3600
 #: Where ``--save`` keeps the full run's figures for benchmarks/evaluation.py and the docs.
 SAVED = HERE / "original-figures.json"
+#: Share of the original's solves that ours, given CBC's answers, must follow for its figures
+#: to judge the accounting.
+CONCLUSIVE = 0.9
 #: |ours − original| allowed, on E_avail and util, by policy.
 BOUNDS = {"equal-share": 0.01, "milp": 0.03}
 POLICIES = ("equal-share", "milp")
@@ -522,11 +527,18 @@ def report(results: dict, commit: str, args) -> int:
             d_cbc = {k: cbc[k] - theirs[k] for k in ("util", "E_avail")}
             fair = BOUNDS["equal-share"]  # no solver left between the two: the tight bound
             ok_cbc = all(abs(v) <= fair for v in d_cbc.values())
-            if not ok_cbc:
+            # Given CBC's answers, ours follows the original until a preemption hits other jobs
+            # in the two (node identities): only a replay that followed nearly every solve
+            # says something about the accounting.
+            conclusive = cbc["followed"] >= CONCLUSIVE * max(1, len(theirs["solves"]))
+            if conclusive and not ok_cbc:
                 anomalies.append(f"{key}: with CBC's answers {d_cbc} beyond ±{fair}")
-            # Beyond the MILP's bound is the solver's doing only if ours, given CBC's answers,
-            # is within the no-solver bound and our MILP found better answers than CBC.
-            explained = ok_cbc and solver[key]["ours_better"] > 0
+            # Beyond the MILP's bound is the solver's doing if CBC's answers were worse than
+            # ours or missing (time limit) on some problems, never better, and the replay of
+            # its answers does not say otherwise.
+            s = solver[key]
+            cbc_short = s["ours_better"] + s["solves"] - s["original_status"].get("OPTIMAL", 0)
+            explained = cbc_short > 0 and s["original_better"] == 0 and (ok_cbc or not conclusive)
             if not ok and not explained:
                 anomalies.append(f"{key}: {got}")
             solver[key]["beyond_bound_explained_by_solver"] = not ok and explained
@@ -535,6 +547,7 @@ def report(results: dict, commit: str, args) -> int:
                 "diff_with_cbc_answers": d_cbc,
                 "within_bounds_with_cbc_answers": ok_cbc,
                 "cbc_answers_followed": cbc["followed"],
+                "cbc_replay_conclusive": conclusive,
                 "parted": cbc["parted"],
             }
     print()
