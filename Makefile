@@ -33,6 +33,8 @@ test-parsl-suite: setup
 	scripts/parsl-suite.sh $(BIN)/python backfill
 	scripts/parsl-suite.sh $(BIN)/python slurm
 	scripts/parsl-suite.sh $(BIN)/python backfill-slurm
+	HOSTS=netns scripts/parsl-suite.sh $(BIN)/python slurm
+	HOSTS=netns scripts/parsl-suite.sh $(BIN)/python backfill-slurm
 
 # The quick default selection (skips tests marked slow).
 test-quick: setup

@@ -6,6 +6,8 @@
 #                                         # loopback Slurm cluster of its own (root)
 #   scripts/parsl-suite.sh PYTHON backfill  # our BackfillExecutor on LocalBackfillProvider
 #   scripts/parsl-suite.sh PYTHON backfill-slurm  # our BackfillExecutor on Slurm pilots (root)
+# With HOSTS=netns the Slurm cluster's nodes are separate hosts (network namespaces,
+# scripts/slurm-loopback.sh), which reach this machine at PARSL_BF_ADDRESS.
 # Excluded: cleannet (needs a clean network), issue_3620 (about executors that reject unknown
 # resource keys), the two unix_filesystem_permissions_required tests (they fail as root by
 # design), and test_stdout_stderr_staging_zip, which failed 2 of 9 full-suite runs here (the
@@ -43,7 +45,8 @@ if [ "${which#backfill-}" = slurm ]; then
   exec 9>"$("$root/scripts/slurm-loopback.sh" lockfile)"
   flock -n 9 || { echo "parsl suite on Slurm: waiting for another session's cluster"; flock 9; }
   "$root/scripts/slurm-loopback.sh" up 9>&- || exit 1
-  export SLURM_CONF=$work/slurm/etc/slurm.conf
+  # SLURM_CONF, and with HOSTS=netns PARSL_BF_ADDRESS: where the hosts reach this machine.
+  set -a; . "$work/slurm/env.sh"; set +a
 fi
 suite=$("$py" -c 'import os, parsl.tests; print(os.path.dirname(parsl.tests.__file__))')
 (cd "$work" && PATH="$bin:$PATH" PYTHONPATH="$root" "$py" -m pytest "$suite" -q \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole suite: lint, the quick tests, every benchmark's --quick mode (that each still runs
 # and flags nothing; never a speed), the slow tests, then Parsl's own generic test suite
-# against a stock HTEX on LocalBackfillProvider pilots and on SlurmBackfillProvider pilots.
+# against a stock HTEX on LocalBackfillProvider pilots and on SlurmBackfillProvider pilots, on
+# the loopback cluster and on separate hosts (HOSTS=netns).
 # pytest exits 5 when a selection collects no tests; that is an error for the quick set
 # (something is broken) but fine for the slow set while it is empty.
 set -uo pipefail
@@ -25,4 +26,8 @@ if [ $rc -eq 5 ]; then echo "no slow tests selected"; rc=0; fi
 scripts/parsl-suite.sh "$py" local || exit $?
 scripts/parsl-suite.sh "$py" backfill || exit $?
 scripts/parsl-suite.sh "$py" slurm || exit $?
-scripts/parsl-suite.sh "$py" backfill-slurm
+scripts/parsl-suite.sh "$py" backfill-slurm || exit $?
+# The same two on separate hosts (network namespaces: its pilots' ranks and workers reach this
+# machine over TCP, as on a real cluster).
+HOSTS=netns scripts/parsl-suite.sh "$py" slurm || exit $?
+HOSTS=netns scripts/parsl-suite.sh "$py" backfill-slurm

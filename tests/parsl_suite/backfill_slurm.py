@@ -1,6 +1,9 @@
 """Parsl's own generic test suite against the BackfillExecutor on SlurmBackfillProvider pilots,
-on the loopback Slurm cluster (`scripts/parsl-suite.sh PYTHON backfill-slurm` brings one up).
+on the loopback Slurm cluster (`scripts/parsl-suite.sh PYTHON backfill-slurm` brings one up;
+with HOSTS=netns its nodes are separate hosts, which reach this machine at PARSL_BF_ADDRESS).
 """
+
+import os
 
 from parsl.config import Config
 from parsl.launchers import SimpleLauncher
@@ -22,4 +25,6 @@ def fresh_config() -> Config:
         max_blocks=2,
         status_polling_interval=2,
     )
-    return Config(executors=[BackfillExecutor(label="backfill_slurm", provider=provider)])
+    address = os.environ.get("PARSL_BF_ADDRESS", "127.0.0.1")
+    executor = BackfillExecutor(label="backfill_slurm", provider=provider, address=address)
+    return Config(executors=[executor])
