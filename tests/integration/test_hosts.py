@@ -14,12 +14,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from parsl_bf.executor import BackfillExecutor, FragmentFailed
+from parsl_bf.training import load_latest
 from parsl_bf.training.command import MPIEXEC
 from parsl_bf.training.reports import read_reports
 
 from ..waiting import until
+from .fragments import run as run_ranks
 from .htex import ROOT
 from .slurm import run, sbatch
 
@@ -82,6 +85,16 @@ def test_a_fragment_trains_with_ranks_on_two_hosts(hosts, tmp_path: Path, monkey
     assert len(agent) == 1 and len(stepped) == 1 and agent != stepped, (agent, stepped)
     reports = [r for f in tmp_path.rglob("progress.jsonl") for r in read_reports(f)]
     assert any(r["event"] == "step" and r["world"] == 2 for r in reports)
+    # The same model as 2 ranks on one host (shared memory): TCP between hosts changes no sum.
+    alone = tmp_path / "one-host"
+    options = {"lr": 0.05, "width": 8, "global_batch": BATCH}
+    done = run_ranks(2, alone, 2000, options=options)
+    assert done.returncode == 0, done.stderr
+    (spanned,) = {p.parent for p in tmp_path.rglob("ckpt-*.pt") if alone not in p.parents}
+    a, b = load_latest(spanned)["model"], load_latest(alone / "ckpt")["model"]
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 
 
 def test_a_launch_that_cannot_start_fails_the_future_naming_where(
