@@ -38,6 +38,14 @@ if [ "${which#backfill-}" = slurm ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "parsl suite on Slurm: skipped (the loopback Slurm cluster needs root)"; exit 0
   fi
+  if [ "${HOSTS:-loopback}" = netns ]; then  # as the pytest session's netns_unavailable
+    for tool in ip nsenter unshare; do
+      command -v "$tool" >/dev/null 2>&1 || {
+        echo "parsl suite on separate hosts: skipped (needs $tool: iproute2, util-linux)"; exit 0; }
+    done
+    ip netns list >/dev/null 2>&1 || {
+      echo "parsl suite on separate hosts: skipped (network namespaces are not available)"; exit 0; }
+  fi
   # Ports apart from `make slurm-up` and from the pytest session's cluster.
   export SLURM_LOOPBACK_DIR=$work/slurm NNODES=4 CTLD_PORT=19817 BASE_PORT=29000
   # Held until this script exits (after cleanup's `down`): another session waits for it. No
