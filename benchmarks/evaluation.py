@@ -17,6 +17,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import original  # benchmarks/original.py: the original's figures and how they are named
+
 from parsl_bf.allocation import AllocatorSettings, Objective
 from parsl_bf.replay import default_data_dir, load_job_set, missing_data
 from parsl_bf.replay.holes import HoleForecast
@@ -28,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The original replayer's own figures on this benchmark's settings, measured by
 #: ``benchmarks/original.py --save`` (with the original's commit); set beside our replays in the
 #: original's accounting, never beside ours in our own.
-ORIGINAL_FIGURES = ROOT / "benchmarks" / "original-figures.json"
+ORIGINAL_FIGURES = original.SAVED
+#: The reference setting, as benchmarks/original.py names it in its figures.
+REFERENCE = original.Instance("hps-shufflenet-10J", 64)
 # What the replay must reach on the reference setting (hps-shufflenet-10J, 64 nodes).
 TARGET = {"E_avail": 0.87, "E_used": 0.92}
 
@@ -138,7 +142,7 @@ def original_lines(results: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for policy in ("milp", "equal-share"):
-        key = f"hps-shufflenet-10J@64/to-completion/{policy}"
+        key = f"{REFERENCE.name}/{policy}"
         ours = [r for r in results if r.get("original") and r["policy"] == policy]
         if key not in saved["original"] or not ours:
             continue
@@ -150,7 +154,7 @@ def original_lines(results: list[dict]) -> list[str]:
             f"| {policy} | ours, the original's accounting | {_fmt(r['util'])} "
             f"| {_fmt(r['E_used'])} | {_fmt(r['E_avail'])} | {_fmt(mine_h, 1)} |",
         ]
-    solver = saved.get("solver", {}).get("hps-shufflenet-10J@64/to-completion/milp")
+    solver = saved.get("solver", {}).get(f"{REFERENCE.name}/milp")
     if solver:
         short = 100 * solver["mean_shortfall_of_original"]
         statuses = ", ".join(f"{n} {k.lower()}" for k, n in solver["original_status"].items())

@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -67,6 +68,8 @@ from parsl_bf.replay.trace import IdleTrace, load_trace
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "_original_driver.py"
+#: The original's files (``_original_driver.py`` keeps a copy of this list: it runs without
+#: parsl_bf and cannot import it).
 SOURCES = ("BFTrainer-replay.py", "jobs.py", "trace.py", "util.py", "progMIP.py", "progGRB.py")
 #: The original's own dependencies, pinned (see the module docstring).
 REQUIREMENTS = ("mip==1.15.0", "pandas==1.5.3", "numpy==1.26.4", "scipy==1.11.4", "h5py==3.11.0")
@@ -189,12 +192,9 @@ def run_original(python: Path, src: Path, work: Path, policy: str, nodes: int, a
     ]
     # A run is a function of its command line and instance: one already in ``work`` for the
     # same ones is read again rather than repeated (the MILP runs take minutes).
-    digest = hashlib.sha256(json.dumps(cmd[2:]).encode())
-    inputs = [DRIVER, work / "instance.json", work / "states.npy", *(src / n for n in SOURCES)]
-    for path in inputs:
-        digest.update(path.read_bytes())
+    digest = run_digest(cmd, src, work)
     stamp, out = work / "run.sha256", work / "stdout.txt"
-    if stamp.exists() and out.exists() and stamp.read_text() == digest.hexdigest():
+    if stamp.exists() and out.exists() and stamp.read_text() == digest:
         print(f"  reusing the original's run in {work}", flush=True)
         return out.read_text()
     stamp.unlink(missing_ok=True)
@@ -204,8 +204,17 @@ def run_original(python: Path, src: Path, work: Path, policy: str, nodes: int, a
     if done.returncode:
         tail = " / ".join(done.stderr.strip().splitlines()[-3:])
         raise Failed(f"the original replayer exited {done.returncode} ({policy}): {tail}")
-    stamp.write_text(digest.hexdigest())
+    stamp.write_text(digest)
     return done.stdout
+
+
+def run_digest(cmd: list[str], src: Path, work: Path) -> str:
+    """What a run of the original depends on: the driver, its arguments, the instance and the
+    original's sources."""
+    digest = hashlib.sha256(json.dumps(cmd[2:]).encode())
+    for path in [DRIVER, work / "instance.json", work / "states.npy", *(src / n for n in SOURCES)]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 PROGRESS = re.compile(r"(\S+) : \S+% = (\S+) / \S+")
@@ -272,6 +281,7 @@ def original_figures(
 
 def ours(trace: IdleTrace, jobs: list[Job], policy, end_s: int | None, args, progress=None) -> dict:
     """Our replay in the original's accounting; ``policy`` a name or a policy."""
+    milp = policy == "milp"
     if isinstance(policy, str):
         policy = make_policy(policy, args.time_limit)
     config = ReplayConfig(
@@ -293,7 +303,10 @@ def ours(trace: IdleTrace, jobs: list[Job], policy, end_s: int | None, args, pro
         "jobs_done": s["jobs_done"],
         "jobs_admitted": s["jobs_admitted"],
         "idle_node_s": s["idle_node_s"],
-        "at_time_limit": s["solve_status"].get("time_limit", 0),
+        # As docs/evaluation.md counts them: GLPK's incumbent or the exact fallback at the limit.
+        "at_time_limit": sum(s["solve_status"].get(k, 0) for k in ("feasible", "fallback"))
+        if milp
+        else None,
     }
 
 
@@ -323,9 +336,8 @@ def cbc_decisions(solves: list[dict], times: list[int], time_limit: float):
             and [t["current"] for t in rec["tasks"]] == current
         )
         if not same:
-            if problem.capacity == 0:
-                return milp(problem)
-            tally["parted"] += 1
+            if problem.capacity > 0:
+                tally["parted"] += 1
             return milp(problem)
         tally["followed"] += 1
         given = rec["counts"] if rec["status"] == "OPTIMAL" else current
@@ -344,6 +356,8 @@ def solver_check(solves: list[dict], args) -> tuple[dict, list[str]]:
     better = same = worse = 0
     shortfall, suspect = [], []
     for k, rec in enumerate(solves):
+        if rec["status"] != "OPTIMAL":
+            continue  # the original keeps its map: nothing to score
         tasks = [
             TaskSpec(
                 id=f"j{i}",
@@ -364,8 +378,6 @@ def solver_check(solves: list[dict], args) -> tuple[dict, list[str]]:
             objective=Objective.THROUGHPUT,
             cap_at_remaining_work=False,
         )
-        if rec["status"] != "OPTIMAL":
-            continue  # the original keeps its map: nothing to score
         theirs = score(problem, {f"j{i}": n for i, n in enumerate(rec["counts"])})[0]
         mine = milp(problem).objective
         scale = max(1.0, abs(mine))
@@ -381,12 +393,9 @@ def solver_check(solves: list[dict], args) -> tuple[dict, list[str]]:
             suspect.append(f"solve {k}: CBC's answer scores {theirs} > ours {mine}")
         else:
             same += 1
-    statuses: dict[str, int] = {}
-    for rec in solves:
-        statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
     out = {
         "solves": len(solves),
-        "original_status": statuses,
+        "original_status": dict(Counter(rec["status"] for rec in solves)),
         "ours_better": better,
         "same": same,
         "original_better": worse,
@@ -469,7 +478,8 @@ def run(args, policies: list[str], commit: str) -> int:
             began = time.perf_counter()
             # To completion: each side to its own last completion; over a window: both to the
             # window's last event, where the original stops.
-            mine = ours(trace, jobs, policy, None if end is None else theirs["end_s"], args)
+            cut = None if end is None else theirs["end_s"]
+            mine = ours(trace, jobs, policy, cut, args)
             mine["wall_s"] = time.perf_counter() - began
             print(
                 f"{key}: original E_avail {fmt(theirs['E_avail'])} util {fmt(theirs['util'])} "
@@ -480,7 +490,6 @@ def run(args, policies: list[str], commit: str) -> int:
             results[key] = {"policy": policy, "original": theirs, "ours": mine}
             if policy == "milp":  # the accounting alone: ours fed the original's CBC answers
                 follow, progress, tally = cbc_decisions(theirs["solves"], times, args.time_limit)
-                cut = None if end is None else theirs["end_s"]
                 results[key]["cbc"] = ours(trace, jobs, follow, cut, args, progress) | tally
     return report(results, commit, args)
 

@@ -7,7 +7,6 @@ same instance is held to the benchmark's fidelity bounds.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import types
@@ -18,20 +17,18 @@ import pytest
 from parsl_bf.replay import load_job_set
 from parsl_bf.replay.trace import load_trace
 
+from ..benchmarks import BENCHMARKS, benchmark
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDED = DATA / "original-replayer"
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 NODES, END_S = 16, 12 * 3600
 ARGS = types.SimpleNamespace(tfwd=10.0, time_limit=10.0, max_jobs=10)
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("original")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark("original") as module:
+        yield module
 
 
 @pytest.fixture(scope="module")

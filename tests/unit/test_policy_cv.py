@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from ..benchmarks import benchmark
 
 
 @pytest.fixture(scope="module")
 def cv():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("policy_cv")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark("policy_cv") as module:
+        yield module
 
 
 # "overfit" leads on a, c and d and is poor on b; "steady" is good everywhere.
