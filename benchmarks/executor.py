@@ -83,11 +83,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from _load import Load, marked, wait_quiet  # benchmarks/, beside this script
 
 from parsl_bf.executor.analysis import (
     E_SLACK,
@@ -102,12 +104,28 @@ from parsl_bf.training.command import mpiexec_argv, worker_argv
 from parsl_bf.training.reports import ScalingProfiler, read_reports, spans_rate
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.integration.slurm, as `python benchmarks/executor.py`
 TRACE = ROOT / "tests" / "data" / "trace64"
 TASK = "parsl_bf.training.examples:digits_cnn"
 BATCH = 64
 OPTIONS = {"lr": 0.05, "width": 8, "global_batch": BATCH}
 WORK = 10**10  # samples per task: far beyond any window
 MARK = "PARSL_BF_EXECUTOR_BENCH"  # in the environment of every process this run starts
+# --hosts: the loopback cluster's separate hosts, on ports apart from the tests' and other
+# benchmarks'; only its namespaces are used (the emulation starts pilots there, not Slurm).
+HOSTS_DIR = Path(tempfile.gettempdir()) / "bench-executor-hosts"
+HOSTS_PORTS = {"ctld_port": 18937, "base_port": 28100}  # its net: 10.213.187
+SCRIPT = ROOT / "scripts" / "slurm-loopback.sh"
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Where the runs' pilots start: ``names`` (None: this machine) through ``command``, and
+    the ``address`` at which they reach this driver."""
+
+    names: list[str] | None = None
+    command: str = ""
+    address: str = "127.0.0.1"
 
 
 def note(msg: str) -> None:
@@ -117,82 +135,15 @@ def note(msg: str) -> None:
 # --- this run's processes and the machine's other load ----------------------------------------
 
 
-def _ours() -> list[int]:
-    """PIDs of live processes started by this run (they carry MARK in their environment)."""
-    marker = f"{MARK}={os.environ[MARK]}".encode()
-    me, found = os.getpid(), []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == me:
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in environ and state != "Z":
-            found.append(int(proc.name))
-    return found
+def _marker() -> str:
+    return f"{MARK}={os.environ[MARK]}"
 
 
 def _wait_gone(timeout: float) -> list[int]:
     deadline = time.time() + timeout
-    while (left := _ours()) and time.time() < deadline:
+    while (left := marked(_marker())) and time.time() < deadline:
         time.sleep(0.5)
     return left
-
-
-class Load:
-    """CPU used by processes other than this run's, in cores, from creation to :meth:`others`.
-    Ours are sampled every 0.5 s by their MARK (pilots outlive their reaped parents)."""
-
-    def __init__(self) -> None:
-        self.cpu: dict[int, float] = {}  # pid → CPU seconds, last seen
-        self.base = self._scan()
-        self.start = self._machine()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def _machine() -> tuple[float, float, float]:
-        ticks = os.sysconf("SC_CLK_TCK")
-        cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-        busy = (sum(cpu) - cpu[3] - cpu[4]) / ticks  # all but idle and iowait
-        t = os.times()
-        return time.time(), busy, t.user + t.system
-
-    def _scan(self) -> float:
-        ticks = os.sysconf("SC_CLK_TCK")
-        for pid in _ours():
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                self.cpu[pid] = (int(fields[11]) + int(fields[12])) / ticks
-        return sum(self.cpu.values())
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.5):
-            self._scan()
-
-    def others(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        ours = self._scan() - self.base
-        (w0, b0, s0), (w1, b1, s1) = self.start, self._machine()
-        return max(0.0, ((b1 - b0) - (s1 - s0) - ours) / max(1e-9, w1 - w0))
-
-
-def wait_quiet(max_wait: float, threshold: float = 0.5, probe: float = 2.0) -> None:
-    """Wait (up to ``max_wait`` s) until other processes use < ``threshold`` cores."""
-    deadline = time.time() + max_wait
-    while True:
-        load = Load()
-        time.sleep(probe)
-        if (others := load.others()) < threshold:
-            return
-        if time.time() >= deadline:
-            note(f"other processes still use {others:.2f} cores: measuring anyway")
-            return
-        note(f"other processes use {others:.2f} cores: waiting for a quieter machine")
 
 
 # --- calibration ------------------------------------------------------------------------------
@@ -260,7 +211,7 @@ def _starts(d: Path) -> int:
 def calibrate(d: Path, nodes: int, seconds: float, ckpt_every: int | None) -> Calibration:
     """World 1, 2, …, nodes, then 1 again, each resumed from the last one's checkpoint, with
     nodes - w one-rank fillers (P(1): every 1-rank fragment's rate)."""
-    main, load, rates, medians = d / "main", Load(), {}, {}
+    main, load, rates, medians = d / "main", Load(_marker()), {}, {}
     worlds = [*range(1, nodes + 1), 1]
     for i, world in enumerate(worlds):
         last = i == len(worlds) - 1  # only its restart is measured
@@ -316,7 +267,7 @@ class Run:
     leftover: int  # processes of the run still alive after its shutdown
 
 
-def real_run(name: str, window: Window, cal: Calibration, args, d: Path, **kw) -> Run:
+def real_run(name: str, window: Window, cal: Calibration, args, d: Path, hosts: Hosts, **kw) -> Run:
     """One run of the executor over the window, stopped at its end."""
     import parsl
     from parsl.config import Config
@@ -339,6 +290,8 @@ def real_run(name: str, window: Window, cal: Calibration, args, d: Path, **kw) -
         grace_s=5,
         max_blocks=2 * nodes,
         pin_cores=nodes <= (os.cpu_count() or 1),  # a node's start-up slows no other node
+        hosts=hosts.names,
+        host_command=hosts.command,
     )
     executor = BackfillExecutor(
         label="bf",
@@ -347,6 +300,7 @@ def real_run(name: str, window: Window, cal: Calibration, args, d: Path, **kw) -
         checkpoint_every=args.checkpoint_every,
         walltime_notice_s=args.notice,
         rescale_s=cal.rescale,
+        address=hosts.address,
         **kw,
     )
     _, curve = cal.curve(nodes)
@@ -359,7 +313,7 @@ def real_run(name: str, window: Window, cal: Calibration, args, d: Path, **kw) -
         rescale_s=cal.rescale,
         executors=["bf"],
     )
-    load = Load()
+    load = Load(_marker())
     parsl.load(Config(executors=[executor], strategy_period=1, run_dir=str(d / "runinfo")))
     try:
         for i in range(args.tasks):
@@ -489,12 +443,14 @@ def _r(x: float | None, digits: int = 4) -> float | None:
 def _impossible(rows: dict[str, dict], rates: dict[int, float]) -> list[dict]:
     """Efficiencies above what the calibrated curve allows (max over n of P(n) / (n·P(1)); 1
     when scaling is sublinear) cannot be true: P(1) was measured under other contention than
-    the run. They are taken out of the table and the JSON line (None) and listed instead."""
+    the run. Nor can one below 0: a replay whose preemption charges (R·P each) exceed what
+    its tasks trained (a rescale cost measured on a machine too busy for its window). They
+    are taken out of the table and the JSON line (None) and listed instead."""
     ceiling = max(v / (n * rates[1]) for n, v in rates.items() if n > 0)
     found = []
     for name, r in rows.items():
         for key in ("E_used", "E_avail", "E_avail_run"):
-            if r.get(key) is not None and r[key] > ceiling:
+            if r.get(key) is not None and not 0 <= r[key] <= ceiling:
                 found.append(
                     {"run": name, "figure": key, "value": round(r[key], 4),
                      "ceiling": round(ceiling, 4)}
@@ -526,6 +482,57 @@ def noise(rows: dict[str, dict], p1: float) -> list[str]:
     return reasons
 
 
+@contextlib.contextmanager
+def separate_hosts(count: int) -> Iterator[Hosts]:
+    """``count`` separate hosts (the loopback cluster's network namespaces, ``HOSTS=netns``),
+    up while the runs last and removed afterwards, errors and Ctrl-C included."""
+    from tests.integration import slurm
+
+    if why := slurm.netns_unavailable():
+        raise SystemExit(f"--hosts needs separate hosts, which cannot start here: {why}")
+    with slurm.loopback_cluster(HOSTS_DIR, count, hosts="netns", **HOSTS_PORTS) as env:
+        # `slurm-loopback.sh on` finds the cluster by these (the pilots inherit them).
+        os.environ["SLURM_LOOPBACK_DIR"] = env["SLURM_LOOPBACK_DIR"]
+        os.environ["CTLD_PORT"] = env["CTLD_PORT"]
+        names = [f"n{i}" for i in range(1, count + 1)]
+        yield Hosts(names, f"{SCRIPT} on {{host}}", env["PARSL_BF_ADDRESS"])
+
+
+def measure(window: Window, args, tmp: Path, hosts: Hosts):
+    """The calibration (on this machine), the three runs (pilots on ``hosts``) and both
+    replays; the run directory goes afterwards unless ``--keep``."""
+    try:
+        wait_quiet(_marker(), args.quiet_wait, note)
+        cal = calibrate(tmp / "calibration", args.nodes, args.calibrate_s, args.checkpoint_every)
+        runs: dict[str, Run] = {}
+        aware_life = 2 * cal.rescale
+        for name, life, warm in (
+            ("aware", aware_life, True),
+            ("paper", 0.0, True),
+            ("cold", aware_life, False),
+        ):
+            wait_quiet(_marker(), args.quiet_wait, note)
+            note(f"{name}: min_node_life_s {life:.1f}, warm_rescale {warm}")
+            kw = {"min_node_life_s": life, "warm_rescale": warm}
+            runs[name] = real_run(name, window, cal, args, tmp / name, hosts, **kw)
+        rep = replay_window(window, cal, args.tasks, args.tfwd)
+        # replay+ charges what the runs themselves paid (aware and paper: warm rescales).
+        costs = measured_costs([runs["aware"].figures, runs["paper"].figures], cal)
+        rep_charged = replay_window(
+            window, cal, args.tasks, args.tfwd, charge_starts=True, costs=costs
+        )
+    finally:
+        left = _wait_gone(10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        if args.keep:
+            note(f"run directory kept: {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    return runs, cal, rep, rep_charged, costs, left
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2, help="emulated nodes (default 2: the cores)")
@@ -549,8 +556,17 @@ def main() -> int:
         help="before the calibration and each run, wait up to this many s for other processes "
         "to use < 0.5 cores (default 60; 0: don't)",
     )
+    ap.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="run the pilots on this many separate hosts (root: a loopback cluster of network "
+        "namespaces, brought up and down here; node i on host i mod HOSTS); 0: this machine",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run directory")
     args = ap.parse_args()
+    if args.hosts < 0 or args.hosts > args.nodes:
+        ap.error(f"--hosts: 0 (this machine) to --nodes ({args.nodes})")
     if args.quick:
         # A smoke run of every path (calibration, three runs, both replays) in about 90 s;
         # holes of 5 s still give the runs several node changes.
@@ -561,7 +577,6 @@ def main() -> int:
 
     from parsl_bf.replay.trace import load_trace
 
-    os.environ[MARK] = uuid.uuid4().hex
     os.environ["PARSL_BF_THREADS_PER_RANK"] = "1"  # a node is a core: one torch thread a rank
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
@@ -583,36 +598,15 @@ def main() -> int:
     note(head)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-executor-"))
-    try:
-        wait_quiet(args.quiet_wait)
-        cal = calibrate(tmp / "calibration", args.nodes, args.calibrate_s, args.checkpoint_every)
-        runs: dict[str, Run] = {}
-        aware_life = 2 * cal.rescale
-        for name, life, warm in (
-            ("aware", aware_life, True),
-            ("paper", 0.0, True),
-            ("cold", aware_life, False),
-        ):
-            wait_quiet(args.quiet_wait)
-            note(f"{name}: min_node_life_s {life:.1f}, warm_rescale {warm}")
-            kw = {"min_node_life_s": life, "warm_rescale": warm}
-            runs[name] = real_run(name, window, cal, args, tmp / name, **kw)
-        rep = replay_window(window, cal, args.tasks, args.tfwd)
-        # replay+ charges what the runs themselves paid (aware and paper: warm rescales).
-        costs = measured_costs([runs["aware"].figures, runs["paper"].figures], cal)
-        rep_charged = replay_window(
-            window, cal, args.tasks, args.tfwd, charge_starts=True, costs=costs
-        )
-    finally:
-        left = _wait_gone(10)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        if args.keep:
-            note(f"run directory kept: {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    p1 = cal.rates[1]
+    with contextlib.ExitStack() as stack:
+        hosts = Hosts()
+        if args.hosts:
+            hosts = stack.enter_context(separate_hosts(args.hosts))
+            note(f"pilots on {args.hosts} hosts: {', '.join(hosts.names or [])}")
+        # Only now: the hosts' daemons are not this run's processes (they are never killed).
+        os.environ[MARK] = uuid.uuid4().hex
+        runs, cal, rep, rep_charged, costs, left = measure(window, args, tmp, hosts)
+    p1, aware_life = cal.rates[1], 2 * cal.rescale
     rows = {}
     for name, run in runs.items():
         r = run.figures
@@ -662,16 +656,17 @@ def main() -> int:
             f"{_f(r['p95'], '.4f'):>7} {_f(r['rate1'], '.0f'):>8} {r['others']:>6.2f}"
         )
     aware, paper, cold = rows["aware"], rows["paper"], rows["cold"]
-    ratio = _div(aware["E_avail"], rep["E_avail"])
+    replayed = rows["replay"]  # as the table: an impossible figure is None
+    ratio = _div(aware["E_avail"], replayed["E_avail"])
     startup = runs["aware"].figures.startup_s + runs["paper"].figures.startup_s
     waited = runs["aware"].figures.waited_s + runs["paper"].figures.waited_s
     print(
         f"\nreal / replay (target: within 10 %): aware E_avail {_f(ratio, '.3f')} "
-        f"(E_av* {_f(_div(aware['E_avail_run'], rep['E_avail']), '.3f')}), util "
+        f"(E_av* {_f(_div(aware['E_avail_run'], replayed['E_avail']), '.3f')}), util "
         f"{_f(_div(aware['util'], rep['util']), '.3f')}; paper E_avail "
-        f"{_f(_div(paper['E_avail'], rep['E_avail']), '.3f')} (E_av* "
-        f"{_f(_div(paper['E_avail_run'], rep['E_avail']), '.3f')}); aware E_avail against "
-        f"replay+ (starts charged) {_f(_div(aware['E_avail'], rep_charged['E_avail']), '.3f')}"
+        f"{_f(_div(paper['E_avail'], replayed['E_avail']), '.3f')} (E_av* "
+        f"{_f(_div(paper['E_avail_run'], replayed['E_avail']), '.3f')}); aware E_avail against "
+        f"replay+ (starts charged) {_f(_div(aware['E_avail'], rows['replay+']['E_avail']), '.3f')}"
     )
     print(
         f"in the runs: fragment start → first step, median "
@@ -701,13 +696,15 @@ def main() -> int:
     decisions = [x for run in runs.values() for x in run.figures.decisions]
     figures = {
         "E_avail": _r(aware["E_avail"]),
-        "E_avail_replay": _r(rep["E_avail"]),
+        "E_avail_replay": _r(replayed["E_avail"]),
+        "hosts": args.hosts or 1,
+        "nodes": window.nodes,
         "decision_p50_s": _r(percentile(decisions, 50)),
         "decision_p95_s": _r(percentile(decisions, 95)),
         "lost_samples_aware": aware["lost"],
         "lost_samples_paper": paper["lost"],
         "E_avail_ratio": _r(ratio or None),
-        "E_avail_replay_starts_charged": _r(rep_charged["E_avail"]),
+        "E_avail_replay_starts_charged": _r(rows["replay+"]["E_avail"]),
         "E_avail_paper": _r(paper["E_avail"]),
         "E_avail_cold": _r(cold["E_avail"]),
         "E_avail_run_P1": {

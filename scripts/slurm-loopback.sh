@@ -8,6 +8,7 @@
 #   source .slurm-loopback/env.sh     # SLURM_CONF for sbatch/squeue/scontrol
 #   scripts/slurm-loopback.sh down    # stop the daemons and any job processes left
 #   scripts/slurm-loopback.sh lockfile  # the lock of these ports: hold it (flock) from up to down
+#   scripts/slurm-loopback.sh on n2 CMD…  # HOSTS=netns: run CMD on host n2, as `ssh n2 CMD` would
 #
 # Settings (environment): SLURM_LOOPBACK_DIR (default .slurm-loopback in the checkout),
 # NNODES (4), GRACE_TIME (10 s between the preemption signal and the kill), PREEMPT_MODE
@@ -212,9 +213,27 @@ CONF
   fi
 }
 
+# A command on host $1 of a running HOSTS=netns cluster: inside the namespaces of that host's
+# slurmd (network, hostname, the mounts of its /etc/hosts and ids), in this directory, with
+# this environment; it replaces this shell, so signals and the exit status are the command's.
+on() {
+  local name=${1:-} pid
+  shift || true
+  if [ -z "$name" ] || [ $# -eq 0 ]; then echo "usage: $0 on HOST CMD..." >&2; exit 2; fi
+  if [ ! -f "$dir/run/slurmd-$name.pid" ]; then
+    echo "slurm-loopback: no host $name running under $dir" >&2; exit 2
+  fi
+  pid=$(cat "$dir/run/slurmd-$name.pid")
+  if [ "$(readlink /proc/$pid/ns/net)" = "$(readlink /proc/self/ns/net)" ]; then
+    echo "slurm-loopback: $name is not a separate host (HOSTS=netns)" >&2; exit 2
+  fi
+  exec nsenter --target "$pid" --net --uts --mount --wd="$PWD" -- "$@"
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
   lockfile) echo "${TMPDIR:-/tmp}/parsl_bf-slurm-loopback-$ctld_port.lock" ;;
-  *) echo "usage: $0 up|down|lockfile" >&2; exit 2 ;;
+  on) shift; on "$@" ;;
+  *) echo "usage: $0 up|down|lockfile|on HOST CMD..." >&2; exit 2 ;;
 esac

@@ -24,7 +24,7 @@ from parsl_bf.training.reports import read_reports
 from ..waiting import until
 from .fragments import run as run_ranks
 from .htex import ROOT
-from .slurm import run, sbatch
+from .slurm import SCRIPT, run, sbatch
 
 pytestmark = pytest.mark.slow
 BATCH = 64
@@ -95,6 +95,32 @@ def test_a_fragment_trains_with_ranks_on_two_hosts(hosts, tmp_path: Path, monkey
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_local_emulation_starts_each_pilot_on_its_nodes_host(hosts, tmp_path: Path) -> None:
+    """LocalBackfillProvider with ``hosts``: emulated node i's pilot runs on host i mod 4
+    (there: its hostname, and the pilot's own variables kept through the host's command)."""
+    from parsl_bf.providers import LocalBackfillProvider
+
+    names = ["n1", "n2", "n3", "n4"]
+    provider = LocalBackfillProvider(
+        nodes=4, max_nodes=1, min_walltime="00:00:01", known_holes=False, hosts=names,
+        host_command=f"env SLURM_LOOPBACK_DIR={hosts['SLURM_LOOPBACK_DIR']} "
+        f"CTLD_PORT={hosts['CTLD_PORT']} {SCRIPT} on {{host}}",
+    )  # fmt: skip
+    provider.script_dir = str(tmp_path)
+    try:
+        jobs = [
+            provider.submit(f"echo $(hostname) $PARSL_BF_NODES > {tmp_path}/where-{i}", 1)
+            for i in range(3)
+        ]
+        until(lambda: all(s.terminal for s in provider.status(jobs)), 120)
+    finally:
+        provider.close(timeout=60)
+    for i, job in enumerate(jobs):
+        (node,) = provider.pilots[job].nodes
+        host, nodes = (tmp_path / f"where-{i}").read_text().split()
+        assert nodes == node and host == names[int(node.removeprefix("node")) % 4], (host, node)
 
 
 def test_a_launch_that_cannot_start_fails_the_future_naming_where(
@@ -209,3 +235,76 @@ def _netns(pid: int) -> str:
     return subprocess.run(
         ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def _events(tmp_path: Path) -> list[tuple[str, int, int]]:
+    """(event, world, samples) of the task's start, resize and end reports, in order; a
+    start's and a resize's samples are those after the first step at the new size."""
+    return [
+        (r["event"], r["world"], r["samples"])
+        for f in sorted(tmp_path.rglob("progress.jsonl"))
+        for r in read_reports(f)
+        if r["event"] in ("start", "grown", "shrunk", "stopped", "done")
+    ]
+
+
+def _after(events: list[tuple[str, int, int]], kinds: tuple[str, ...], world: int, i: int) -> int:
+    """Index of the first event of ``kinds`` at ``world`` after index ``i``; -1 if none."""
+    return next((j for j in range(i + 1, len(events)) if events[j][:2] in
+                 [(k, world) for k in kinds]), -1)  # fmt: skip
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "hand-over"])
+def test_a_fragment_grows_onto_a_second_host_and_shrinks_off_it(
+    hosts, tmp_path: Path, monkeypatch, in_place: bool
+) -> None:
+    """One host free: the fragment starts there on 1 rank. A second host frees up, a second
+    pilot starts there and the fragment grows onto it (a joiner over TCP in place, or a
+    successor of 2 ranks from the checkpoint by hand-over); a main job then takes that host
+    back and the fragment shrinks off it the same way. Every successor resumes where its
+    predecessor stopped."""
+    import parsl
+
+    from parsl_bf.executor import elastic_app
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    hold = sbatch(hosts, "main", 3, "sleep 600", "--time=15")  # 3 of the 4 hosts
+    until(lambda: run(hosts, "squeue", "-h", "-j", hold, "-o", "%T").strip() == "RUNNING", 60)
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=10**9, min_nodes=1, max_nodes=2
+    )
+    config = _config(
+        hosts, tmp_path, nodes=1, blocks=2, grow_in_place=in_place, shrink_in_place=in_place
+    )
+    grow = ("grown",) if in_place else ("start",)
+    shrink = ("shrunk",) if in_place else ("start",)
+    with parsl.load(config):
+        train(lr=0.05, width=8, global_batch=BATCH)
+        until(lambda: 1 in _worlds(tmp_path), 300)
+        first = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%N").split()
+        run(hosts, "scancel", hold)  # the second pilot can start, on another host
+        until(lambda: _after(_events(tmp_path), grow, 2, 0) >= 0, 300, "no grow to 2 ranks")
+        jobs = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%i %N").split("\n")
+        pilots = dict(sorted(line.split() for line in jobs if line.strip()))
+        second = [node for node in pilots.values() if node not in first]
+        assert len(first) == 1 and len(second) == 1, pilots  # one pilot on each of two hosts
+        sbatch(hosts, "main", 1, "sleep 20", "-w", second[0], "--time=1")
+        until(
+            lambda: (
+                _after(_events(tmp_path), shrink, 1, _after(_events(tmp_path), grow, 2, 0)) >= 0
+            ),
+            300,
+            "no shrink back to 1 rank",
+        )
+    parsl.clear()
+    events = _events(tmp_path)
+    grew = _after(events, grow, 2, 0)
+    shrank = _after(events, shrink, 1, grew)
+    assert events[0][:2] == ("start", 1) and 0 < grew < shrank, events
+    if in_place:  # the same processes throughout: one start, no checkpoint round trip
+        assert [e for e, _, _ in events[: shrank + 1]].count("start") == 1, events
+    else:  # each successor resumes where its predecessor stopped: its first step is the next
+        assert [e for e, _, _ in events[: shrank + 1]].count("start") == 3, events
+        for j in (grew, shrank):  # (a step at an epoch's end is shorter than a batch)
+            assert events[j - 1][0] == "stopped", events
+            assert 0 < events[j][2] - events[j - 1][2] <= BATCH, events

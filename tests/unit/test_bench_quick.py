@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,18 +35,40 @@ def test_a_clean_json_line_passes(runner, tmp_path: Path) -> None:
     assert (tmp_path / "bench.out").read_text().startswith("table")
 
 
+FLAGGED = [
+    ({"anomalies": ["more received than sent"]}, "more received"),
+    ({"per_fold": {"a": {"impossible": ["util 1.2"]}}}, "util 1.2"),
+    ({"suspect": "w1 vs plain 1.7"}, "w1 vs plain"),
+]
+
+
+@pytest.mark.parametrize(("figures", "why"), FLAGGED)
+def test_a_flag_fails_on_a_quiet_machine(runner, figures, why) -> None:
+    status, reason = runner.check(0, json.dumps(figures), "", others=0.0)
+    assert status == "failed" and why in reason
+
+
+@pytest.mark.parametrize(("figures", "why"), FLAGGED)
+def test_a_flag_raised_while_others_used_the_cores_is_loaded(runner, figures, why) -> None:
+    status, reason = runner.check(0, json.dumps(figures), "", others=1.6)
+    assert status == "loaded" and why in reason and "1.60 cores" in reason
+
+
+def test_a_crash_fails_whatever_the_load(runner) -> None:
+    assert runner.check(1, "", "rank died", others=1.6) == ("failed", "exit 1: rank died")
+    assert runner.check(None, "", "", others=1.6)[0] == "failed"  # past the bound
+    assert runner.check(0, "table", "", others=1.6)[0] == "failed"  # no JSON line
+
+
 @pytest.mark.parametrize(
     ("body", "why"),
     [
-        ("print(json.dumps({'anomalies': ['more received than sent']}))", "more received"),
-        ("print(json.dumps({'per_fold': {'a': {'impossible': ['util 1.2']}}}))", "util 1.2"),
-        ("print(json.dumps({'suspect': 'w1 vs plain 1.7'}))", "w1 vs plain"),
         ("print(json.dumps({'x': 1}))\nprint('done')", "not one JSON object"),
         ("print('[1, 2]')", "not one JSON object"),
         ("print(json.dumps({'x': 1}))\nsys.exit('child rank died')", "child rank died"),
     ],
 )
-def test_a_flag_a_missing_line_or_a_failure_fails(runner, tmp_path: Path, body, why) -> None:
+def test_a_missing_line_or_a_failure_fails(runner, tmp_path: Path, body, why) -> None:
     got = verdict(runner, tmp_path, body)
     assert got["status"] == "failed" and why in got["why"]
 
@@ -60,3 +84,23 @@ def test_every_benchmark_has_a_quick_mode() -> None:
         if path.name.startswith("_"):
             continue
         assert '"--quick"' in path.read_text(), f"{path.name} has no --quick"
+
+
+def test_load_tells_the_runs_processes_from_others(runner) -> None:
+    """A process carrying the run's marker is the run's own (its CPU is followed by pid); one
+    without it that keeps a core busy is other load."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
+    marker = "PARSL_BF_TEST_LOAD=1"
+    load = runner.Load(marker)
+    own = subprocess.Popen([sys.executable, "-c", spin + "import time; time.sleep(30)"],
+                           env={"PARSL_BF_TEST_LOAD": "1"})  # fmt: skip
+    other = subprocess.run([sys.executable, "-c", spin], env={})
+    try:
+        assert other.returncode == 0
+        # Its second of CPU over at most a few seconds of wall (however busy the machine):
+        assert load.others() >= 0.25
+        load._scan()  # the run's own process, seen by its marker
+        assert own.pid in load.cpu
+    finally:
+        own.kill()
+        own.wait()

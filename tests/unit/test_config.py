@@ -268,6 +268,17 @@ def test_batch_provider_settings_point_at_their_line(tmp_path) -> None:
         (lambda t: LocalBackfillProvider(poll_s=0), "poll_s", "must be more than 0"),
         (lambda t: LocalBackfillProvider(max_walltime="soon"), "max_walltime", "not a walltime"),
         (lambda t: LocalBackfillProvider(parallelism=2), "parallelism", "at most 1"),
+        (lambda t: LocalBackfillProvider(nodes=2, hosts=[]), "hosts", "at least one"),
+        (
+            lambda t: LocalBackfillProvider(nodes=2, max_nodes=1, hosts=["n1"], host_command="ssh"),
+            "host_command",
+            "needs {host}",
+        ),
+        (
+            lambda t: LocalBackfillProvider(nodes=2, hosts=["n1"], host_command="ssh {host}"),
+            "max_nodes",
+            "must be 1 with hosts",
+        ),
         (lambda t: SlurmBackfillProvider(max_nodes=0), "max_nodes", "at least 1"),
         (lambda t: SlurmBackfillProvider(min_nodes=5), "min_nodes", "more than max_nodes (4)"),
         (lambda t: SlurmBackfillProvider(max_blocks=0), "max_blocks", "at least 1"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -163,6 +164,17 @@ class LocalBackfillProvider(PilotProvider):
         process start-ups do not take CPU from another node's training, as on a real machine.
         Meant for ``nodes`` up to the cores (the executor benchmark); with more, nodes share
         cores unevenly. False (the default): every pilot may use every core.
+    hosts : list of str or None
+        Hosts the emulated nodes run on: node ``i`` (by position in the trace window) is
+        ``hosts[i % len(hosts)]``, and a pilot's processes start there through
+        ``host_command``, so that a fragment spanning pilots on two hosts talks over the
+        network. None (the default): every node is this machine. Pilots are then one node
+        each (``max_nodes`` 1): a pilot starts on one host and has no way to reach another.
+    host_command : str
+        The command prefix that runs a command on a host, ``{host}`` replaced by its name
+        (for example ``scripts/slurm-loopback.sh on {host}`` on the separate hosts of the
+        loopback cluster). It must keep the environment and the working directory (as
+        ``nsenter`` does; ``ssh`` does neither) and pass signals to the command.
     """
 
     #: Every emulated node is this machine: the executor gives each rank one thread.
@@ -191,6 +203,8 @@ class LocalBackfillProvider(PilotProvider):
         parallelism: float = 1.0,
         poll_s: float = 0.1,
         pin_cores: bool = False,
+        hosts: list[str] | None = None,
+        host_command: str = "",
     ) -> None:
         # Every check raises SettingError naming the argument (the YAML loader points at its
         # line), here rather than at the first submit(): a bad value there would fail in the
@@ -230,6 +244,15 @@ class LocalBackfillProvider(PilotProvider):
         check_blocks(init_blocks, min_blocks, max_blocks)
         check_number("parallelism", parallelism, at_least=0, at_most=1)
         check_number("poll_s", poll_s, above=0)
+        if hosts is not None:
+            if not hosts or not all(isinstance(h, str) and h for h in hosts):
+                raise SettingError("hosts", "a list of host names, at least one")
+            if "{host}" not in host_command:
+                raise SettingError("host_command", "needs {host}: the command that runs on it")
+            if (max_nodes or self.nodes) > 1:
+                raise SettingError(
+                    "max_nodes", "must be 1 with hosts: a pilot's processes start on one host"
+                )
         super().__init__("local-backfill", status_polling_interval=1)
         # Parsl's RepresentationMixin (repr in logs) needs each argument as an attribute.
         self.trace, self.node_offset, self.trace_start = trace, node_offset, trace_start
@@ -239,6 +262,7 @@ class LocalBackfillProvider(PilotProvider):
         self.min_walltime_s, self.max_walltime_s = walltimes
         self.grace_s, self.poll_s = grace_s, poll_s
         self.pin_cores = pin_cores
+        self.hosts, self.host_command = hosts, host_command
         self._warned_pin = False
         self.known_holes = known_holes
         self.launcher, self.worker_init = launcher or SingleNodeLauncher(), worker_init
@@ -382,6 +406,13 @@ class LocalBackfillProvider(PilotProvider):
             environment.PILOT_JOB_ID: pilot.job_id,
         }
         argv = ["/bin/bash", "-c", script]
+        if self.hosts:  # the pilot's own variables by name: a host's command may reset others
+            assert self._states is not None
+            host = self.hosts[self._states.index[nodes[0]] % len(self.hosts)]
+            own = [f"{k}={env[k]}" for k in (
+                environment.PILOT_NODES, environment.PILOT_END, environment.PILOT_JOB_ID
+            )]  # fmt: skip
+            argv = [*shlex.split(self.host_command.replace("{host}", host)), "env", *own, *argv]
         taskset = shutil.which("taskset") if self.pin_cores else None
         if taskset is not None:  # before the shell runs anything: every process inherits it
             assert self._states is not None
