@@ -93,6 +93,7 @@ from _load import Load, marked, wait_quiet  # benchmarks/, beside this script
 
 from parsl_bf.executor.analysis import (
     E_SLACK,
+    RESCALES,
     RunFigures,
     efficiency,
     load_run,
@@ -674,6 +675,20 @@ def main() -> int:
         f"predecessor's stop → first step (the controller's 'rescale'), median "
         f"{_f(statistics.median(waited) if waited else None, '.2f')} s over {len(waited)}"
     )
+    decided = {
+        kind: [x for name in ("aware", "paper") for x in runs[name].figures.rescale_s[kind]]
+        for kind in RESCALES
+    }
+    print(
+        "in the runs, rescales from the controller's decision to the first step at the new size "
+        "(through the executor, the channel, the agent and the ranks), median over aware and "
+        "paper: "
+        + "; ".join(
+            f"{kind.replace('_', ' ')} {_f(statistics.median(v) if v else None, '.2f')} s "
+            f"over {len(v)}"
+            for kind, v in decided.items()
+        )
+    )
     print(
         "replay: the replay's accounting (a start from 0 nodes is free, rescales charged "
         "the calibration's cost); replay+: the costs the aware and paper runs paid, a start "
@@ -734,6 +749,10 @@ def main() -> int:
             "source": costs.source,
         },
         "fragment_startup_s": round(statistics.median(startup), 3) if startup else None,
+        "rescale_from_decision_s": {
+            kind: _r(statistics.median(v), 3) if v else None for kind, v in decided.items()
+        },
+        "rescales_from_decision": {kind: len(v) for kind, v in decided.items()},
         "window": {
             "node_offset": window.node_offset,
             "nodes": window.nodes,

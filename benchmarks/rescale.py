@@ -32,6 +32,15 @@ the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_h
 - ``ranks-cold``: the same four cases with no pool: each rank a cold ``mpiexec -n 1`` started
   at the decision (what a launch gets when no standby is ready), the baseline of ``ranks``.
 
+- ``executor``: the same rescales decided by the controller, through the executor, the
+  channel, the agent and the ranks: a ``BackfillExecutor`` on a ``LocalBackfillProvider`` of 2
+  emulated nodes whose idle and busy spells alternate (a synthetic cycle, 30 s idle and 5 s
+  busy per node, half a period apart: both idle about 25 s of each 35), one task of the same
+  model (1-2 nodes), for ``--executor-s`` seconds twice: in place (the defaults) and by hand-over
+  (``grow_in_place=False``, ``shrink_in_place=False``). Seconds from each decision's command
+  (its event) to the first step at the new size (:func:`parsl_bf.executor.analysis
+  .rescale_times`), beside ``ranks-fork``'s direct figures. ``--quick``: in place only.
+
 A figure that cannot be right (a first step before the decision, an overhead below zero beyond
 the noise, a load before the old ranks stopped) is printed as SUSPECT and left out of the
 medians. Ends with one JSON line.
@@ -43,6 +52,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -563,6 +573,56 @@ def _ranks_row(mode: str, r: dict) -> str:
     return row + (f"  SUSPECT: {'; '.join(r['suspect'])}" if r["suspect"] else "")
 
 
+def through_executor(seconds: float, in_place: bool, env: dict[str, str]) -> dict:
+    """One run of the executor (see the module docstring); medians and counts by kind."""
+    import parsl
+    from parsl.config import Config
+
+    from parsl_bf.executor import BackfillExecutor, elastic_app
+    from parsl_bf.executor.analysis import load_run, rescale_times
+    from parsl_bf.providers import LocalBackfillProvider
+
+    d = Path(tempfile.mkdtemp(prefix="bench-rescale-executor-"))
+    MARKS.append(str(d))
+    saved = dict(os.environ)
+    os.environ.update(env | {THREADS_PER_RANK: "1"})  # an emulated node is a core
+    provider = LocalBackfillProvider(
+        nodes=2, time_scale=60, idle_s=1800, busy_s=300, max_nodes=1, min_walltime="1",
+        grace_s=5, max_blocks=4, pin_cores=True,
+    )  # fmt: skip
+    provider.script_dir = str(d / "pilots")
+    executor = BackfillExecutor(
+        label="bf", provider=provider, allocator={"tfwd": 5}, rescale_s=1.0,
+        walltime_notice_s=2.0, grow_in_place=in_place, shrink_in_place=in_place,
+    )  # fmt: skip
+    train = elastic_app(
+        TASK, work=10**9, min_nodes=1, max_nodes=2, scaling={1: 1.0, 2: 1.9}, rescale_s=1.0,
+        executors=["bf"],
+    )  # fmt: skip
+    parsl.load(Config(executors=[executor], strategy_period=1, run_dir=str(d / "runinfo")))
+    try:
+        train(**OPTIONS)
+        began = time.time()
+        time.sleep(seconds)
+        events, reports = load_run(executor.directory)
+    finally:
+        parsl.dfk().cleanup()
+        parsl.clear()
+        os.environ.clear()
+        os.environ.update(saved)
+    times = rescale_times(events, reports, began, time.time())
+    out = {}
+    for kind, v in times.items():
+        out[f"{kind}_s"] = _median(v)
+        out[f"{kind}_n"] = len(v)
+        if v:
+            how = "in place" if in_place else "hand-over"
+            each = ", ".join(f"{x:.2f}" for x in v)
+            print(f"  executor {how}: {kind} {statistics.median(v):.2f} s over {len(v)} ({each})")
+    shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
@@ -591,12 +651,16 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: --repeats 1")
     ap.add_argument(
         "--mode",
-        default="ranks-fork,ranks,ranks-cold,standby,cold",
+        default="ranks-fork,ranks,ranks-cold,standby,cold,executor",
         help="comma-separated, of: standby (the new size started and set up before the "
         "decision, as a pilot's warm workers are), cold (started at the decision), ranks "
         "(warm ranks of a RankPool, ready before the decision: start, restart, shrink, grow), "
         "ranks-fork (the same, the ranks forked from the pool's rank host, as on CPU nodes), "
-        "ranks-cold (the same four cases, every rank a cold mpiexec -n 1)",
+        "ranks-cold (the same four cases, every rank a cold mpiexec -n 1), executor (the "
+        "controller's rescales through the executor, in place and by hand-over)",
+    )
+    ap.add_argument(
+        "--executor-s", type=float, default=60.0, help="seconds per executor run (quick: 30)"
     )
     ap.add_argument(
         "--sizes",
@@ -624,9 +688,12 @@ def main() -> int:
     if args.threads:
         env[THREADS_PER_RANK] = str(args.threads)
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
-    bad = [m for m in modes if m not in HANDOVER_MODES + RANKS_MODES]
-    if bad or not modes:
-        ap.error(f"--mode: unknown {bad}; choose from {HANDOVER_MODES + RANKS_MODES}")
+    known = (*HANDOVER_MODES, *RANKS_MODES, "executor")
+    bad = [m for m in modes if m not in known]
+    if bad or not modes or modes == ["executor"]:
+        ap.error(f"--mode: unknown {bad}; choose from {known}, not executor alone")
+    if args.quick:
+        args.executor_s = min(args.executor_s, 30.0)
     big, small = (int(x) for x in args.sizes.split(","))
     if not big > small >= 1:
         ap.error("--sizes BIG,SMALL with BIG > SMALL ≥ 1")
@@ -637,7 +704,15 @@ def main() -> int:
     results: dict[str, dict] = {}
     try:
         for mode in modes:
-            if mode in HANDOVER_MODES:
+            if mode == "executor":
+                print(f"\nexecutor: the controller's rescales, {args.executor_s:.0f} s per run")
+                results[mode] = {
+                    "in_place": through_executor(args.executor_s, True, env),
+                    **({} if args.quick else {
+                        "handover": through_executor(args.executor_s, False, env)
+                    }),
+                }  # fmt: skip
+            elif mode in HANDOVER_MODES:
                 print(f"\n{'mode':>10} {'rescale':>8} {'from':>4} {'to':>3} {'seconds':>8}")
                 results[mode] = handover(mode, repeats, big, small, env, suspect)
             else:
@@ -680,6 +755,21 @@ def main() -> int:
                 + f" {met:>8}  (n={r['n']})"
             )
 
+    if "executor" in results:
+        print(f"\n{'':>10} {'case':>15} {'direct':>8} {'executor':>8}   (decision → first step, s)")
+        direct = results.get("ranks-fork") or results.get("ranks") or {}
+        ran = results["executor"]
+        pairs = [
+            ("shrink", "in_place", "shrink_in_place_s"),
+            ("grow", "in_place", "grow_in_place_s"),
+            ("shrink_handover", "handover", "handover_s"),
+            ("grow_handover", "handover", "handover_s"),
+        ]
+        for case, run, key in pairs:
+            a = direct.get(case, {}).get("decision_to_first_step_s")
+            b = ran.get(run, {}).get(key)
+            print(f"{'':>10} {case:>15} " + " ".join(
+                f"{x:8.2f}" if x is not None else f"{'-':>8}" for x in (a, b)))  # fmt: skip
     first = results[modes[0]]
     if modes[0] in HANDOVER_MODES:
         figures: dict = {"shrink_s": first["shrink_s"], "grow_s": first["grow_s"]}
@@ -691,6 +781,8 @@ def main() -> int:
         figures["target_met"] = {c: first[c]["target_met"] for c in CASES}
     figures["mode"] = modes[0]
     figures["modes"] = {m: results[m] for m in modes if m in HANDOVER_MODES}
+    if "executor" in results:  # the controller's decisions, beside the direct ones above
+        figures["executor"] = results["executor"]
     for m in (m for m in modes if m in RANKS_MODES):
         figures[m.replace("-", "_")] = results[m]
     # Ratios of decision → first step: warm ranks against each baseline run alongside.

@@ -29,12 +29,14 @@ from ..training.reports import read_reports, spans_rate, step_spans
 __all__ = [
     "E_SLACK",
     "PREEMPTING",
+    "RESCALES",
     "RunFigures",
     "efficiency",
     "load_run",
     "node_time",
     "node_time_series",
     "percentile",
+    "rescale_times",
     "run_figures",
 ]
 
@@ -48,6 +50,13 @@ PREEMPTING = frozenset({"walltime", "preempted", "pilot gone"})
 #: Events after which a fragment's processes have exited (its nodes are free again): one
 #: fragment's, and (the second) all of a task's.
 _FRAGMENT_ENDED = ("fragment_stopped", "fragment_failed", "fragment_lost")
+#: Rescale kinds of :attr:`RunFigures.rescale_s`: the command's event and the progress report
+#: of its first step at the new size.
+RESCALES = {
+    "grow_in_place": ("fragment_grow", "grown"),
+    "shrink_in_place": ("fragment_shrink", "shrunk"),
+    "handover": ("fragment_start", "start"),  # with ``after``: a warm successor
+}
 _TASK_ENDED = ("task_done", "task_failed")
 
 
@@ -76,6 +85,13 @@ class RunFigures:
     #: first step also counts the time the task had no node).
     fresh_startup_s: list[float] = field(default_factory=list)
     handover_s: list[float] = field(default_factory=list)
+    #: A rescale from the controller's decision to the first step at the new size, through
+    #: the executor, the channel, the agent and the ranks: from the command's event (written
+    #: as the decision is carried out: ``fragment_grow``, ``fragment_shrink`` in place, or a
+    #: ``fragment_start`` with ``after``, a hand-over) to the task's next ``grown``,
+    #: ``shrunk`` or ``start`` report's ``first_step_at``; by :data:`RESCALES` kind, decisions
+    #: in [t0, t_end] whose first step came by t_end.
+    rescale_s: dict[str, list[float]] = field(default_factory=dict)
     rates1: list[float] = field(default_factory=list)  # samples/s of 1-rank steps from t0
     #: (samples, seconds) between consecutive 1-rank step reports from t0 (``step_spans``)
     spans1: list[tuple[float, float]] = field(default_factory=list)
@@ -159,7 +175,34 @@ def run_figures(
         done = _task(res, reports[task], launched.get(task, []), t0, t_end, batch)
         res.per_task[task] = done
         res.samples += done
+    res.rescale_s = rescale_times(events, reports, t0, t_end)
     return res
+
+
+def rescale_times(
+    events: Iterable[Event], reports: Mapping[str, Sequence[Event]], t0: float, t_end: float
+) -> dict[str, list[float]]:
+    """Seconds from each rescale decision in [t0, t_end] to its first step at the new size
+    (:attr:`RunFigures.rescale_s`), by kind. A decision that never got its step by t_end (the
+    task was stopped or preempted first) is left out."""
+    kinds = {command: (kind, report) for kind, (command, report) in RESCALES.items()}
+    out: dict[str, list[float]] = {kind: [] for kind in RESCALES}
+    for e in events:
+        found = kinds.get(e["event"])
+        t = float(e["t"])
+        if found is None or not t0 <= t <= t_end or e.get("task") not in reports:
+            continue
+        if e["event"] == "fragment_start" and e.get("after") is None:
+            continue  # a start on nodes the task did not hold: not a rescale
+        kind, report = found
+        first = next(
+            (r["first_step_at"] for r in reports[e["task"]]
+             if r["event"] == report and r.get("first_step_at", 0) >= t),
+            None,
+        )  # fmt: skip
+        if first is not None and first <= t_end:
+            out[kind].append(first - t)
+    return out
 
 
 def _task(

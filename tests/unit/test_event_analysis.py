@@ -244,3 +244,26 @@ def test_where_the_node_time_went_over_time() -> None:
         "training": [0, 0, 1, 0, 0],
         "start_up": [0, 1, 0, 0, 0],
     }
+
+
+def test_rescale_times_run_from_each_decision_to_the_first_step_at_the_new_size() -> None:
+    events = [
+        {"t": 100.0, "event": "fragment_start", "task": "a", "nodes": 1},  # a start, not a rescale
+        {"t": 110.0, "event": "fragment_grow", "task": "a", "generation": 0, "nodes": 2},
+        {"t": 130.0, "event": "fragment_shrink", "task": "a", "generation": 0, "keep": ["n1"]},
+        {"t": 150.0, "event": "fragment_start", "task": "a", "nodes": 2, "after": 0},
+        {"t": 190.0, "event": "fragment_grow", "task": "a", "generation": 1, "nodes": 3},
+        {"t": 195.0, "event": "fragment_grow", "task": "z", "generation": 0, "nodes": 3},
+    ]
+    reports = {
+        "a": [
+            {"t": 101.5, "event": "start", "world": 1, "samples": 10, "first_step_at": 101.5},
+            {"t": 112.0, "event": "grown", "world": 2, "samples": 50, "first_step_at": 111.5},
+            {"t": 131.0, "event": "shrunk", "world": 1, "samples": 90, "first_step_at": 130.25},
+            {"t": 153.0, "event": "start", "world": 2, "samples": 100, "first_step_at": 152.0},
+            # The grow at 190 got its first step after t_end: left out.
+            {"t": 205.0, "event": "grown", "world": 3, "samples": 400, "first_step_at": 204.0},
+        ]
+    }
+    got = run_figures(events, reports, T0, T_END, BATCH).rescale_s
+    assert got == {"grow_in_place": [1.5], "shrink_in_place": [0.25], "handover": [2.0]}
