@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,10 @@ SCRIPT = ROOT / "scripts" / "slurm-loopback.sh"
 # from the tests' and the other benchmarks'.
 HOSTS_DIR = Path(tempfile.gettempdir()) / "bench-allreduce-hosts"
 HOSTS_PORTS = {"ctld_port": 18957, "base_port": 28200}
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -212,6 +217,7 @@ def main() -> int:
             return 1
         results[world] = json.loads(line[0][7:])
     if args.hosts:
+        signal.signal(signal.SIGTERM, _interrupted)  # the hosts removed on a SIGTERM too
         with separate_hosts(args.hosts) as env:
             out = across_hosts(args.hosts, rank, env)
         if out is None:

@@ -463,19 +463,20 @@ def _impossible(rows: dict[str, dict], rates: dict[int, float]) -> list[dict]:
 P1_DRIFT = 0.10  # a run's own P(1) this far from the calibration's: other contention
 
 
-def noise(rows: dict[str, dict], p1: float) -> list[str]:
+def noise(rows: dict[str, dict], p1: float, drift: bool = True) -> list[str]:
     """Why the run's figures are not to be trusted, [] if nothing says so: an efficiency above
     1 + ``E_SLACK`` (no node does more than one node's work), or a run whose own P(1) (its
     1-rank fragments' sustained rate) differs from the calibration's by more than
     ``P1_DRIFT`` (the two were measured under different contention, so E, which divides by
-    the calibration's P(1), is off by as much)."""
+    the calibration's P(1), is off by as much); ``drift=False`` where E divides by the run's
+    own P(1) instead."""
     reasons = []
     for name, r in rows.items():
         for key in ("E_used", "E_avail", "E_avail_run"):
             if r.get(key) is not None and r[key] > 1 + E_SLACK:
                 reasons.append(f"{name} {key} {r[key]:.3f} > {1 + E_SLACK:g}")
         own = r.get("rate1")
-        if own and abs(own - p1) > P1_DRIFT * p1:
+        if drift and own and abs(own - p1) > P1_DRIFT * p1:
             reasons.append(
                 f"{name} P(1) {own:.0f} samples/s is {own / p1 - 1:+.0%} off the "
                 f"calibration's {p1:.0f}"
@@ -538,7 +539,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2, help="emulated nodes (default 2: the cores)")
     ap.add_argument("--duration", type=float, default=150.0, help="window, wall s (default 150)")
-    ap.add_argument("--tasks", type=int, default=3, help="elastic tasks (default 3)")
+    ap.add_argument(
+        "--tasks", type=int, help="elastic tasks (default 3, or --nodes if more: every node busy)"
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -564,10 +567,19 @@ def main() -> int:
         help="run the pilots on this many separate hosts (root: a loopback cluster of network "
         "namespaces, brought up and down here; node i on host i mod HOSTS); 0: this machine",
     )
+    ap.add_argument(
+        "--min-changes",
+        type=int,
+        help="node changes the window must have: shorter holes until it does (default 20 with "
+        "--hosts, else 0)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run directory")
     args = ap.parse_args()
     if args.hosts < 0 or args.hosts > args.nodes:
         ap.error(f"--hosts: 0 (this machine) to --nodes ({args.nodes})")
+    args.tasks = args.tasks or max(3, args.nodes)
+    if args.min_changes is None:
+        args.min_changes = 20 if args.hosts and not args.quick else 0
     if args.quick:
         # A smoke run of every path (calibration, three runs, both replays) in about 90 s;
         # holes of 5 s still give the runs several node changes.
@@ -585,8 +597,15 @@ def main() -> int:
     full = load_trace(TRACE)
     try:
         window = choose_window(full, args.nodes, args.duration, min_hole)
+        # Shorter holes until the window has the node changes asked for (not below 10 s: a
+        # hole must outlast a fragment's start-up and its stop).
+        while window.changes < args.min_changes and args.min_hole is None and min_hole > 10:
+            min_hole = max(10.0, 0.8 * min_hole)
+            window = choose_window(full, args.nodes, args.duration, min_hole)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if window.changes < args.min_changes:
+        note(f"this window has {window.changes} node changes, fewer than --min-changes")
     names = full.nodes[window.node_offset : window.node_offset + window.nodes]
     idle = window.idle_node_s
     args.tfwd = statistics.median(window.holes_wall())
@@ -598,6 +617,11 @@ def main() -> int:
     )
     note(head)
 
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    # A SIGTERM ends the run as Ctrl-C does: every process it started killed, its hosts removed.
+    signal.signal(signal.SIGTERM, interrupted)
     tmp = Path(tempfile.mkdtemp(prefix="bench-executor-"))
     with contextlib.ExitStack() as stack:
         hosts = Hosts()
@@ -608,13 +632,19 @@ def main() -> int:
         os.environ[MARK] = uuid.uuid4().hex
         runs, cal, rep, rep_charged, costs, left = measure(window, args, tmp, hosts)
     p1, aware_life = cal.rates[1], 2 * cal.rescale
+    # More nodes than cores: the nodes share the cores, as many ways as pilots are up at the
+    # time, so a rank's rate follows the run's pilots, not the calibration's fillers. P(1) is
+    # then the run's own (its 1-rank fragments' sustained rate, measured under its sharing),
+    # which keeps E at or under util; otherwise each node has its core, and P(1) the
+    # calibration's.
+    shared = window.nodes > (os.cpu_count() or 1)
     rows = {}
     for name, run in runs.items():
         r = run.figures
         rate1 = r.sustained1
         rows[name] = {
             "samples": r.samples,
-            **efficiency(r.samples, p1, r.alloc_node_s, idle),
+            **efficiency(r.samples, rate1 if shared and rate1 else p1, r.alloc_node_s, idle),
             "held": r.held_node_s / idle,
             "lost": r.lost,
             "preempt": r.preemptions,
@@ -632,7 +662,7 @@ def main() -> int:
             "E_avail_run": r["E_avail"],
         }
 
-    noisy = noise(rows, p1)  # before _impossible takes figures out
+    noisy = noise(rows, p1, drift=not shared)  # before _impossible takes figures out
     impossible = _impossible(rows, cal.rates)
     print(head)
     curve = ", ".join(f"P({n}) {v:.0f}" for n, v in sorted(cal.rates.items()))
@@ -740,6 +770,7 @@ def main() -> int:
             "calibration": round(cal.others, 2),
             **{k: round(run.others, 2) for k, run in runs.items()},
         },
+        "P1_source": "run" if shared else "calibration",
         "P_samples_per_s": {str(k): round(v, 1) for k, v in cal.rates.items()},
         "P_median_step_samples_per_s": {str(k): round(v, 1) for k, v in cal.step_medians.items()},
         "rescale_s": round(cal.rescale, 3),

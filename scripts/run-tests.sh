@@ -16,7 +16,9 @@ export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 "$bin/ruff" check parsl_bf tests benchmarks || exit 1
 "$py" -m pytest -q || exit $?
 "$py" scripts/bench-quick.py --python "$py" || exit $?
-"$py" -m pytest -q -m slow
+# On two workers (pytest-xdist; a file's tests stay on one worker, each worker its own loopback
+# clusters): most of these tests wait on schedulers, heartbeats and rank start-ups, not CPU.
+"$py" -m pytest -q -m slow -n 2 --dist loadfile
 rc=$?
 if [ $rc -eq 5 ]; then echo "no slow tests selected"; rc=0; fi
 [ $rc -eq 0 ] || exit $rc

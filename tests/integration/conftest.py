@@ -10,6 +10,7 @@ Pilot agents: a channel secret, servers and real agent processes, stopped after 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +24,21 @@ from .fragments import rank
 from .slurm import loopback_cluster, netns_unavailable, quiesce, unavailable
 
 
+def _ports(ctld_port: int, base_port: int) -> dict[str, int]:
+    """A session's cluster ports, apart from the other sessions' of a parallel run (pytest-xdist
+    worker ``gwN``: N × 2 further on, so its netns bridge, ``10.213.<port mod 250>``, differs
+    too) and from a `make slurm-up` cluster that may be running."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    n = int(worker) if worker.isdigit() else 0
+    return {"ctld_port": ctld_port + 2 * n, "base_port": base_port + 50 * n}
+
+
 @pytest.fixture(scope="session")
 def slurm_env(tmp_path_factory):
     if why := unavailable():
         pytest.skip(why)
-    # Ports apart from a `make slurm-up` cluster that may be running.
     directory = tmp_path_factory.mktemp("slurm")
-    with loopback_cluster(directory, 4, grace_s=10, ctld_port=16817, base_port=27000) as env:
+    with loopback_cluster(directory, 4, grace_s=10, **_ports(16817, 27000)) as env:
         yield env
 
 
@@ -40,9 +49,7 @@ def hosts_env(tmp_path_factory):
     if why := netns_unavailable():
         pytest.skip(why)
     directory = tmp_path_factory.mktemp("slurm-hosts")
-    with loopback_cluster(
-        directory, 4, grace_s=10, ctld_port=16917, base_port=27100, hosts="netns"
-    ) as env:
+    with loopback_cluster(directory, 4, grace_s=10, hosts="netns", **_ports(16917, 27100)) as env:
         yield env
 
 

@@ -248,6 +248,11 @@ def _events(tmp_path: Path) -> list[tuple[str, int, int]]:
     ]
 
 
+def _executor_events(tmp_path: Path) -> list[str]:
+    """The executor's event names so far, in order."""
+    return [e["event"] for f in tmp_path.rglob("events.jsonl") for e in read_reports(f)]
+
+
 def _after(events: list[tuple[str, int, int]], kinds: tuple[str, ...], world: int, i: int) -> int:
     """Index of the first event of ``kinds`` at ``world`` after index ``i``; -1 if none."""
     return next((j for j in range(i + 1, len(events)) if events[j][:2] in
@@ -284,6 +289,10 @@ def test_a_fragment_grows_onto_a_second_host_and_shrinks_off_it(
         first = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%N").split()
         run(hosts, "scancel", hold)  # the second pilot can start, on another host
         until(lambda: _after(_events(tmp_path), grow, 2, 0) >= 0, 300, "no grow to 2 ranks")
+        # The executor knows the grow is over (the joiner took part in a step, or the
+        # predecessor has exited): a preemption during a grow restarts the fragment instead.
+        done = "fragment_grown" if in_place else "fragment_stopped"
+        until(lambda: done in _executor_events(tmp_path), 300, f"no {done}")
         jobs = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%i %N").split("\n")
         pilots = dict(sorted(line.split() for line in jobs if line.strip()))
         second = [node for node in pilots.values() if node not in first]
