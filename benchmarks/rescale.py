@@ -608,6 +608,7 @@ def through_executor(seconds: float, in_place: bool, env: dict[str, str]) -> dic
     finally:
         parsl.dfk().cleanup()
         parsl.clear()
+        provider.close(timeout=60)  # every pilot's processes gone (their grace time included)
         os.environ.clear()
         os.environ.update(saved)
     times = rescale_times(events, reports, began, time.time())
