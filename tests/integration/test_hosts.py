@@ -230,6 +230,33 @@ def test_a_rank_killed_on_the_other_host_resumes_from_the_checkpoint(
     assert result["restarts"] == 1
 
 
+def test_a_fragment_over_three_hosts_forks_its_ranks_from_each_hosts_rank_host(
+    hosts, tmp_path: Path, monkeypatch
+) -> None:
+    """Three one-node pilots on three hosts, one fragment of 3 ranks over them (three
+    ``mpiexec`` worlds joined over TCP): each host's rank is forked by that host's own warm
+    rank host, not only the first's, and the fragment trains every sample."""
+    import parsl
+
+    from parsl_bf.executor import elastic_app
+
+    from .test_no_work_lost import _forked_rank, _ranks
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    train = elastic_app(
+        "parsl_bf.training.examples:digits_cnn", work=10**9, min_nodes=3, max_nodes=3
+    )
+    with parsl.load(_config(hosts, tmp_path, nodes=1, blocks=3)):
+        train(lr=0.05, width=8, global_batch=BATCH)
+        until(lambda: 3 in _worlds(tmp_path), 300, "no step on 3 ranks")
+        ranks = _ranks(str(tmp_path))
+        forked = {_netns(pid) for pid in ranks if _forked_rank(Path("/proc", str(pid)))}
+        pilots = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%N").split()
+    parsl.clear()
+    assert len(set(pilots)) == 3, pilots  # one pilot on each of three hosts
+    assert len(ranks) == 3 and len(forked) == 3, (ranks, forked)  # one forked rank per host
+
+
 def _netns(pid: int) -> str:
     """The network namespace a process runs in (its host on this cluster)."""
     return subprocess.run(
