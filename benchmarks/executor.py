@@ -441,23 +441,29 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def _impossible(rows: dict[str, dict], rates: dict[int, float]) -> list[dict]:
-    """Efficiencies above what the calibrated curve allows (max over n of P(n) / (n·P(1)); 1
-    when scaling is sublinear) cannot be true: P(1) was measured under other contention than
-    the run. Nor can one below 0: a replay whose preemption charges (R·P each) exceed what
-    its tasks trained (a rescale cost measured on a machine too busy for its window). They
-    are taken out of the table and the JSON line (None) and listed instead."""
+def _impossible(rows: dict[str, dict], rates: dict[int, float]) -> tuple[list[dict], list[dict]]:
+    """Figures that cannot stand, taken out of the table and the JSON line (None) and listed
+    instead: (impossible, undefined).
+
+    Impossible: an efficiency above what the calibrated curve allows (max over n of P(n) /
+    (n·P(1)); 1 when scaling is sublinear: P(1) was measured under other contention than the
+    run), or a real run's below 0. Undefined: a replay's below 0. The original's accounting
+    charges each preemption R·P(c) whatever the task trained since, so in a window short
+    against its rescale costs (``--quick``) the charges can exceed the training; that says
+    the window is too short for the replay, not that the code is wrong."""
     ceiling = max(v / (n * rates[1]) for n, v in rates.items() if n > 0)
-    found = []
+    found, undefined = [], []
     for name, r in rows.items():
         for key in ("E_used", "E_avail", "E_avail_run"):
-            if r.get(key) is not None and not 0 <= r[key] <= ceiling:
-                found.append(
-                    {"run": name, "figure": key, "value": round(r[key], 4),
-                     "ceiling": round(ceiling, 4)}
-                )  # fmt: skip
-                r[key] = None
-    return found
+            if r.get(key) is None or 0 <= r[key] <= ceiling:
+                continue
+            bad = {"run": name, "figure": key, "value": round(r[key], 4)}
+            if name.startswith("replay") and r[key] < 0:
+                undefined.append(bad | {"why": "its preemption charges exceed its training"})
+            else:
+                found.append(bad | {"ceiling": round(ceiling, 4)})
+            r[key] = None
+    return found, undefined
 
 
 P1_DRIFT = 0.10  # a run's own P(1) this far from the calibration's: other contention
@@ -663,7 +669,8 @@ def main() -> int:
         }
 
     noisy = noise(rows, p1, drift=not shared)  # before _impossible takes figures out
-    impossible = _impossible(rows, cal.rates)
+    impossible, undefined = _impossible(rows, cal.rates)
+    noisy += [f"{u['run']} {u['figure']} {u['value']}: {u['why']}" for u in undefined]
     print(head)
     curve = ", ".join(f"P({n}) {v:.0f}" for n, v in sorted(cal.rates.items()))
     medians = ", ".join(f"{v:.0f}" for _, v in sorted(cal.step_medians.items()))
@@ -731,11 +738,13 @@ def main() -> int:
         "other processes on the machine (replay: during the calibration)"
     )
     for bad in impossible:
-        print(
-            f"IMPOSSIBLE, left out: {bad['run']} {bad['figure']} {bad['value']} is above "
-            f"{bad['ceiling']}, the most the calibrated curve allows (P(1) was measured under "
-            "other contention than the run)"
+        why = (
+            "below 0"
+            if bad["value"] < 0
+            else f"above {bad['ceiling']}, the most the calibrated curve allows (P(1) was "
+            "measured under other contention than the run)"
         )
+        print(f"IMPOSSIBLE, left out: {bad['run']} {bad['figure']} {bad['value']} is {why}")
     for reason in noisy:
         print(f"NOISY: {reason}")
     decisions = [x for run in runs.values() for x in run.figures.decisions]
@@ -795,6 +804,7 @@ def main() -> int:
         },
         "leftover_processes": sum(run.leftover for run in runs.values()) + len(left),
         "impossible": impossible,
+        "replay_undefined": undefined,
         "noisy": bool(noisy),
         "noisy_reasons": noisy,
     }
