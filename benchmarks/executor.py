@@ -36,7 +36,10 @@ exceed 1 slightly. "E_av*" is E_avail with the run's own P(1) (the rate its 1-ra
 sustained) in place of the calibration's. An efficiency above the most the calibrated curve
 allows (max P(n) / (n·P(1)), 1 for sublinear scaling) cannot be true (P(1) measured under other
 contention than the run): it is printed as IMPOSSIBLE, left out of the table and the JSON line,
-and listed under ``impossible``. A run is marked noisy (``"noisy": true`` and
+and listed under ``impossible``; so is a real run's below 0. A replay's below 0 (the original's
+accounting charges each preemption R·P whatever was trained since: a window short against the
+rescale costs, as ``--quick``'s, can charge more than it trained) is left out as undefined
+(``replay_undefined``) and marks the run noisy. A run is marked noisy (``"noisy": true`` and
 ``noisy_reasons`` in the JSON line, NOISY lines in the table) when an efficiency exceeds
 1 + 0.02 or a run's own P(1) differs from the calibration's by more than 10 %: its ratios to
 the replay then say more about the machine's other load than about the executor. The
