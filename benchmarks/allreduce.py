@@ -18,43 +18,26 @@ driver runs itself under mpiexec per world size, prints a table, and ends with o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from _hosts import host_command, separate_hosts  # benchmarks/, beside this script
 
 REPEATS = 7
 METHODS = ("raw", "flat", "per_param", "gloo")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.integration.slurm, as `python benchmarks/allreduce.py`
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
-SCRIPT = ROOT / "scripts" / "slurm-loopback.sh"
 # --hosts: the loopback cluster's separate hosts, on ports (and so a net, 10.213.207) apart
 # from the tests' and the other benchmarks'.
 HOSTS_DIR = Path(tempfile.gettempdir()) / "bench-allreduce-hosts"
 HOSTS_PORTS = {"ctld_port": 18957, "base_port": 28200}
-
-
-def _interrupted(signum, frame):
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def separate_hosts(count: int) -> Iterator[dict[str, str]]:
-    """``count`` separate hosts, up while the block runs; the environment of their commands."""
-    from tests.integration import slurm
-
-    if why := slurm.netns_unavailable():
-        raise SystemExit(f"--hosts needs separate hosts, which cannot start here: {why}")
-    with slurm.loopback_cluster(HOSTS_DIR, count, hosts="netns", **HOSTS_PORTS) as env:
-        yield env
 
 
 def across_hosts(count: int, rank: list[str], env: dict[str, str]) -> dict | None:
@@ -67,9 +50,7 @@ def across_hosts(count: int, rank: list[str], env: dict[str, str]) -> dict | Non
         procs = [
             subprocess.Popen(
                 [
-                    str(SCRIPT),
-                    "on",
-                    f"n{g + 1}",
+                    *shlex.split(host_command(env).replace("{host}", f"n{g + 1}")),
                     MPIEXEC,
                     "-launcher",
                     "fork",
@@ -217,8 +198,7 @@ def main() -> int:
             return 1
         results[world] = json.loads(line[0][7:])
     if args.hosts:
-        signal.signal(signal.SIGTERM, _interrupted)  # the hosts removed on a SIGTERM too
-        with separate_hosts(args.hosts) as env:
+        with separate_hosts(args.hosts, HOSTS_DIR, HOSTS_PORTS) as env:
             out = across_hosts(args.hosts, rank, env)
         if out is None:
             return 1

@@ -92,7 +92,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _load import Load, marked, wait_quiet  # benchmarks/, beside this script
+from _hosts import host_command, separate_hosts, sigterm_as_interrupt  # beside this script
+from _load import Load, marked, wait_quiet
 
 from parsl_bf.executor.analysis import (
     E_SLACK,
@@ -108,7 +109,6 @@ from parsl_bf.training.command import mpiexec_argv, worker_argv
 from parsl_bf.training.reports import ScalingProfiler, read_reports, spans_rate
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.integration.slurm, as `python benchmarks/executor.py`
 TRACE = ROOT / "tests" / "data" / "trace64"
 TASK = "parsl_bf.training.examples:digits_cnn"
 BATCH = 64
@@ -119,7 +119,6 @@ MARK = "PARSL_BF_EXECUTOR_BENCH"  # in the environment of every process this run
 # benchmarks'; only its namespaces are used (the emulation starts pilots there, not Slurm).
 HOSTS_DIR = Path(tempfile.gettempdir()) / "bench-executor-hosts"
 HOSTS_PORTS = {"ctld_port": 18937, "base_port": 28100}  # its net: 10.213.187
-SCRIPT = ROOT / "scripts" / "slurm-loopback.sh"
 
 
 @dataclass(frozen=True)
@@ -494,19 +493,11 @@ def noise(rows: dict[str, dict], p1: float, drift: bool = True) -> list[str]:
 
 
 @contextlib.contextmanager
-def separate_hosts(count: int) -> Iterator[Hosts]:
-    """``count`` separate hosts (the loopback cluster's network namespaces, ``HOSTS=netns``),
-    up while the runs last and removed afterwards, errors and Ctrl-C included."""
-    from tests.integration import slurm
-
-    if why := slurm.netns_unavailable():
-        raise SystemExit(f"--hosts needs separate hosts, which cannot start here: {why}")
-    with slurm.loopback_cluster(HOSTS_DIR, count, hosts="netns", **HOSTS_PORTS) as env:
-        # `slurm-loopback.sh on` finds the cluster by these (the pilots inherit them).
-        os.environ["SLURM_LOOPBACK_DIR"] = env["SLURM_LOOPBACK_DIR"]
-        os.environ["CTLD_PORT"] = env["CTLD_PORT"]
+def hosts_for_pilots(count: int) -> Iterator[Hosts]:
+    """``count`` separate hosts for the runs' pilots, up while the runs last."""
+    with separate_hosts(count, HOSTS_DIR, HOSTS_PORTS) as env:
         names = [f"n{i}" for i in range(1, count + 1)]
-        yield Hosts(names, f"{SCRIPT} on {{host}}", env["PARSL_BF_ADDRESS"])
+        yield Hosts(names, host_command(env), env["PARSL_BF_ADDRESS"])
 
 
 def measure(window: Window, args, tmp: Path, hosts: Hosts):
@@ -626,16 +617,13 @@ def main() -> int:
     )
     note(head)
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-
     # A SIGTERM ends the run as Ctrl-C does: every process it started killed, its hosts removed.
-    signal.signal(signal.SIGTERM, interrupted)
+    sigterm_as_interrupt()
     tmp = Path(tempfile.mkdtemp(prefix="bench-executor-"))
     with contextlib.ExitStack() as stack:
         hosts = Hosts()
         if args.hosts:
-            hosts = stack.enter_context(separate_hosts(args.hosts))
+            hosts = stack.enter_context(hosts_for_pilots(args.hosts))
             note(f"pilots on {args.hosts} hosts: {', '.join(hosts.names or [])}")
         # Only now: the hosts' daemons are not this run's processes (they are never killed).
         os.environ[MARK] = uuid.uuid4().hex

@@ -61,7 +61,6 @@ import math
 import os
 import random
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -72,6 +71,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.integration.slurm, as `python benchmarks/provider.py`
+from _hosts import sigterm_as_interrupt  # noqa: E402  (benchmarks/, beside this script)
+
 from parsl_bf.providers.slurm.commands import epoch  # noqa: E402
 from tests.integration import slurm  # noqa: E402
 
@@ -672,10 +673,7 @@ def main() -> int:
         )
     sys.stdout.flush()
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
+    sigterm_as_interrupt()
     work = Path(tempfile.mkdtemp(prefix="bench-provider-"))
     results: dict[str, RunResult] = {}
     ports = {"ctld_port": 18817, "base_port": 28000}  # apart from the tests' and `make slurm-up`

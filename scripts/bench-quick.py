@@ -104,9 +104,9 @@ def check(rc: int | None, stdout: str, stderr: str, others: float = 0.0) -> tupl
 def run_one(py: str, path: Path, log_dir: Path) -> dict:
     argv = [py, str(path), "--quick"]
     began = time.monotonic()
-    marker = f"{MARK}={uuid.uuid4().hex}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", MARK: marker.split("=", 1)[1]}
-    load = Load(marker)
+    run_id = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", MARK: run_id}
+    load = Load(f"{MARK}={run_id}")
     # Its own process group: a run past the bound is ended with every process it started.
     proc = subprocess.Popen(
         argv,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -17,6 +18,16 @@ from pathlib import Path
 from parsl_bf.providers.slurm.commands import parse_job
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-loopback.sh"
+
+
+def host_command(env: dict[str, str]) -> str:
+    """The command prefix that runs a command on host ``{host}`` of the ``HOSTS=netns``
+    cluster of ``env`` (``slurm-loopback.sh on``, told which cluster by its directory and
+    controller port): a ``LocalBackfillProvider``'s ``host_command``."""
+    return (
+        f"env SLURM_LOOPBACK_DIR={shlex.quote(env['SLURM_LOOPBACK_DIR'])} "
+        f"CTLD_PORT={env['CTLD_PORT']} {shlex.quote(str(SCRIPT))} on {{host}}"
+    )
 
 
 def unavailable() -> str | None:

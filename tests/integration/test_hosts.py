@@ -24,7 +24,7 @@ from parsl_bf.training.reports import read_reports
 from ..waiting import until
 from .fragments import run as run_ranks
 from .htex import ROOT
-from .slurm import SCRIPT, run, sbatch
+from .slurm import host_command, run, sbatch
 
 pytestmark = pytest.mark.slow
 BATCH = 64
@@ -105,8 +105,7 @@ def test_local_emulation_starts_each_pilot_on_its_nodes_host(hosts, tmp_path: Pa
     names = ["n1", "n2", "n3", "n4"]
     provider = LocalBackfillProvider(
         nodes=4, max_nodes=1, min_walltime="00:00:01", known_holes=False, hosts=names,
-        host_command=f"env SLURM_LOOPBACK_DIR={hosts['SLURM_LOOPBACK_DIR']} "
-        f"CTLD_PORT={hosts['CTLD_PORT']} {SCRIPT} on {{host}}",
+        host_command=host_command(hosts),
     )  # fmt: skip
     provider.script_dir = str(tmp_path)
     try:
