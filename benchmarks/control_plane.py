@@ -618,7 +618,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="100,1000", help="pilots per run (default 100,1000)")
     ap.add_argument("--duration", type=float, default=60.0, help="churn phase, s (default 60)")
     ap.add_argument("--settle", type=float, default=10.0, help="s after the burst (default 10)")
-    ap.add_argument("--quick", action="store_true", help="20 s churn, 5 s settle")
+    ap.add_argument("--quick", action="store_true", help="12 s churn, 3 s settle (about 70 s)")
     ap.add_argument("--tasks", type=int, default=500, help="elastic tasks (default 500)")
     ap.add_argument("--max-tasks", type=int, default=100, help="running at once (default 100)")
     ap.add_argument("--max-nodes", type=int, default=64, help="a task's max_nodes (default 64)")
@@ -631,7 +631,7 @@ def main() -> int:
         print(f"error: {why}", file=sys.stderr)  # bench-quick: skipped
         return 2
     if args.quick:
-        args.duration, args.settle = 20.0, 5.0
+        args.duration, args.settle = 12.0, 3.0
     peaks = trace_peaks()
     c = {"churn_at": BURST_S + args.settle, "end": BURST_S + args.settle + args.duration}
     c |= {k: getattr(args, k) for k in ("tasks", "max_tasks", "max_nodes", "workers", "policy")}

@@ -1,8 +1,8 @@
 """End to end: the BackfillExecutor on the local emulation of a replayed trace window, against
 the replay simulator's prediction for the same window.
 
-What it measures, in one run (``--quick``: a 20 s window of 5 s holes, 3 s calibration
-phases; a smoke run of the same paths, about 90 s):
+What it measures, in one run (``--quick``: a 15 s window of 5 s holes, 3 s calibration
+phases; a smoke run of the same paths, about 80 s):
 
 1. **Window.** ``--nodes`` emulated nodes, consecutive in ``tests/data/trace64``, the busiest
    window whose idle pieces all last ``--min-hole`` wall seconds or more and that is 40 % idle
@@ -545,7 +545,7 @@ def main() -> int:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="20 s window, 5 s holes, 3 s calibration phases, quiet wait <= 5 s",
+        help="15 s window, 5 s holes, 3 s calibration phases, quiet wait <= 5 s",
     )
     ap.add_argument(
         "--min-hole", type=float, help="shortest idle piece, wall s (default max(15, duration / 6))"
@@ -581,9 +581,9 @@ def main() -> int:
     if args.min_changes is None:
         args.min_changes = 20 if args.hosts and not args.quick else 0
     if args.quick:
-        # A smoke run of every path (calibration, three runs, both replays) in about 90 s;
+        # A smoke run of every path (calibration, three runs, both replays) in about 80 s;
         # holes of 5 s still give the runs several node changes.
-        args.duration, args.calibrate_s = 20.0, 3.0
+        args.duration, args.calibrate_s = 15.0, 3.0
         args.quiet_wait = min(args.quiet_wait, 5.0)
         args.min_hole = args.min_hole or 5.0
     min_hole = args.min_hole or max(15.0, args.duration / 6)

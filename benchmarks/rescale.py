@@ -39,7 +39,10 @@ the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_h
   model (1-2 nodes), for ``--executor-s`` seconds twice: in place (the defaults) and by hand-over
   (``grow_in_place=False``, ``shrink_in_place=False``). Seconds from each decision's command
   (its event) to the first step at the new size (:func:`parsl_bf.executor.analysis
-  .rescale_times`), beside ``ranks-fork``'s direct figures. ``--quick``: in place only.
+  .rescale_times`), beside ``ranks-fork``'s direct figures.
+
+``--quick`` (under 90 s): one cycle of ``ranks-fork``, ``ranks-cold``, ``standby`` and the
+executor in place for 20 s.
 
 A figure that cannot be right (a first step before the decision, an overhead below zero beyond
 the noise, a load before the old ranks stopped) is printed as SUSPECT and left out of the
@@ -88,6 +91,11 @@ TIMEOUT_S = 300.0
 MARKS: list[str] = []
 #: How a warm successor takes the state (the worker's --handover), from --handover.
 HANDOVER = ["auto"]
+
+
+#: Every mode, the default; ``--quick``'s.
+MODES_ALL = ("ranks-fork", "ranks", "ranks-cold", "standby", "cold", "executor")
+MODES_QUICK = ("ranks-fork", "ranks-cold", "standby", "executor")
 
 
 def launch(world: int, tmp: Path, run: int, env: dict[str, str]) -> subprocess.Popen:
@@ -649,10 +657,14 @@ def _ours(marks: list[str]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="a smoke run: --repeats 1")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: --repeats 1, modes {','.join(MODES_QUICK)}, executor in place only",
+    )
     ap.add_argument(
         "--mode",
-        default="ranks-fork,ranks,ranks-cold,standby,cold,executor",
+        default=",".join(MODES_ALL),
         help="comma-separated, of: standby (the new size started and set up before the "
         "decision, as a pilot's warm workers are), cold (started at the decision), ranks "
         "(warm ranks of a RankPool, ready before the decision: start, restart, shrink, grow), "
@@ -661,7 +673,7 @@ def main() -> int:
         "controller's rescales through the executor, in place and by hand-over)",
     )
     ap.add_argument(
-        "--executor-s", type=float, default=60.0, help="seconds per executor run (quick: 30)"
+        "--executor-s", type=float, default=60.0, help="seconds per executor run (quick: 20)"
     )
     ap.add_argument(
         "--sizes",
@@ -688,13 +700,17 @@ def main() -> int:
     env = {"PYTHONPATH": str(ROOT)}
     if args.threads:
         env[THREADS_PER_RANK] = str(args.threads)
+    if args.quick:
+        args.executor_s = min(args.executor_s, 20.0)
+        if args.mode == ",".join(MODES_ALL):
+            # Under 90 s: one mode of each function (ranks and ranks-fork differ only in the
+            # pool's flag, cold and standby in when the successor starts).
+            args.mode = ",".join(MODES_QUICK)
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     known = (*HANDOVER_MODES, *RANKS_MODES, "executor")
     bad = [m for m in modes if m not in known]
     if bad or not modes or modes == ["executor"]:
         ap.error(f"--mode: unknown {bad}; choose from {known}, not executor alone")
-    if args.quick:
-        args.executor_s = min(args.executor_s, 30.0)
     big, small = (int(x) for x in args.sizes.split(","))
     if not big > small >= 1:
         ap.error("--sizes BIG,SMALL with BIG > SMALL ≥ 1")
