@@ -93,7 +93,7 @@ MARKS: list[str] = []
 HANDOVER = ["auto"]
 
 
-#: Every mode, the default; ``--quick``'s.
+#: The default: every mode. ``--quick``'s: one mode of each function (see main).
 MODES_ALL = ("ranks-fork", "ranks", "ranks-cold", "standby", "cold", "executor")
 MODES_QUICK = ("ranks-fork", "ranks-cold", "standby", "executor")
 
