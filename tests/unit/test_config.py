@@ -149,7 +149,8 @@ def _line_of(text: str, needle: str) -> int:
             "objectiv: speedup",
             "objectiv:",
             "executors[0].allocator.objectiv",
-            "unknown key (allowed: policy, objective, tfwd, time_limit)",
+            "unknown key (allowed: policy, objective, tfwd, time_limit, shrink_in_place, "
+            "grow_in_place)",
         ),
         (
             "tfwd: auto",
