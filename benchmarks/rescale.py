@@ -37,9 +37,10 @@ the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_h
   emulated nodes whose idle and busy spells alternate (a synthetic cycle, 30 s idle and 5 s
   busy per node, half a period apart: both idle about 25 s of each 35), one task of the same
   model (1-2 nodes), for ``--executor-s`` seconds twice: in place (the defaults) and by hand-over
-  (``grow_in_place=False``, ``shrink_in_place=False``). Seconds from each decision's command
-  (its event) to the first step at the new size (:func:`parsl_bf.executor.analysis
-  .rescale_times`), beside ``ranks-fork``'s direct figures.
+  (``allocator={"grow_in_place": False, "shrink_in_place": False}``). Seconds from each
+  decision's command (its event) to the first step at the new size
+  (:func:`parsl_bf.executor.analysis.rescale_times`), beside ``ranks-fork``'s direct
+  figures.
 
 ``--quick`` (under 90 s): one cycle of ``ranks-fork``, ``ranks-cold``, ``standby`` and the
 executor in place for 20 s.
@@ -600,8 +601,8 @@ def through_executor(seconds: float, in_place: bool, env: dict[str, str]) -> dic
     )  # fmt: skip
     provider.script_dir = str(d / "pilots")
     executor = BackfillExecutor(
-        label="bf", provider=provider, allocator={"tfwd": 5}, rescale_s=1.0,
-        walltime_notice_s=2.0, grow_in_place=in_place, shrink_in_place=in_place,
+        label="bf", provider=provider, rescale_s=1.0, walltime_notice_s=2.0,
+        allocator={"tfwd": 5, "grow_in_place": in_place, "shrink_in_place": in_place},
     )  # fmt: skip
     train = elastic_app(
         TASK, work=10**9, min_nodes=1, max_nodes=2, scaling={1: 1.0, 2: 1.9}, rescale_s=1.0,

@@ -353,6 +353,16 @@ def _settings(doc: _Located, model: type[BaseModel], value: dict, at: tuple) -> 
         raise doc.error((*at, *err["loc"]), message) from None
 
 
+#: Keys a class took once that now go elsewhere: class → key → where, for the error.
+_MOVED = {
+    "BackfillExecutor": {
+        k: f"the BackfillExecutor's allocator: mapping (allocator: {{{k}: ...}}), the settings "
+        "the replay shares"
+        for k in ("shrink_in_place", "grow_in_place")
+    }
+}
+
+
 def _build(doc: _Located, value: Any, at: tuple) -> Any:
     """Instantiate ``type:`` objects depth first; other values pass through."""
     if isinstance(value, list):
@@ -376,7 +386,10 @@ def _build(doc: _Located, value: Any, at: tuple) -> Any:
         raise doc.error((*at, "type"), f"unknown class {value['type']!r}") from None
     params = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    moved = _MOVED.get(cls.__name__, {})
     for key in kwargs:
+        if key in moved and key not in params:
+            raise doc.error((*at, key), f"{key} is now a key of {moved[key]}")
         if key not in params and not takes_any:
             allowed = ", ".join(p for p in params if p not in ("self", "args", "kwargs"))
             raise doc.error((*at, key), f"unknown key for {cls.__name__} (allowed: {allowed})")

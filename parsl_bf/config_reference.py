@@ -258,9 +258,11 @@ def _allocator_section() -> list[str]:
     return [
         "### `allocator` (under a `BackfillExecutor`)",
         "",
-        "The allocation policy (`parsl_bf.allocation.AllocatorSettings`), a mapping under the "
-        "executor that uses it; every key is optional. `parsl-bf replay` takes the same "
-        "settings as flags, and runs the same policy object.",
+        "The settings (`parsl_bf.allocation.AllocatorSettings`): the allocation policy and "
+        "whether fragments resize in place, a mapping under the executor that uses it; every "
+        "key is optional. Their defaults are every entry point's: `parsl-bf replay` takes the "
+        "policy's as flags, and runs the same policy object; `ReplayConfig` takes `tfwd` and "
+        "`objective` from them.",
         "",
         *_table(("key", "type", "default", "constraints", "description"), rows),
     ]

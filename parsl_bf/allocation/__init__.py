@@ -12,7 +12,7 @@ from .exact import solve_exact
 from .gains import affine_runs, gain_table, score
 from .milp import solve_milp
 from .plan import Action, NodePlan, TaskPlan, plan
-from .policy import POLICIES, AllocatorSettings, Policy
+from .policy import DEFAULT_SETTINGS, POLICIES, AllocatorSettings, Policy
 from .spec import Allocation, AllocationProblem, Objective, SolveStatus, TaskSpec
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "AllocationInputError",
     "AllocationProblem",
     "AllocatorSettings",
+    "DEFAULT_SETTINGS",
     "NodePlan",
     "Objective",
     "PlanError",

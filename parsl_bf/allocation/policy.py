@@ -11,27 +11,31 @@ heuristics (:mod:`parsl_bf.allocation.heuristics`).
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..decisions import DEFAULT_TFWD_S, resolve_tfwd
 from .errors import AllocationInputError
 from .exact import solve_exact
 from .heuristics import equal_share, greedy
 from .milp import solve_milp
 from .spec import Allocation, AllocationProblem, Objective
 
-__all__ = ["POLICIES", "AllocatorSettings", "Policy", "check_tfwd", "DEFAULT_TFWD_S"]
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "POLICIES",
+    "AllocatorSettings",
+    "Policy",
+    "check_tfwd",
+    "DEFAULT_TFWD_S",
+]
 
 Policy = Callable[[AllocationProblem], Allocation]
 
 #: The allocation methods, by name.
 POLICIES = ("milp", "exact", "equal-share", "greedy")
-
-#: The look-ahead of an ``auto`` policy before any hole's length is known.
-DEFAULT_TFWD_S = 60.0
 
 
 def check_tfwd(value: Any) -> float | str:
@@ -52,7 +56,14 @@ def check_tfwd(value: Any) -> float | str:
 
 
 class AllocatorSettings(BaseModel):
-    """How the elastic allocator decides: its method, objective, look-ahead and time limit."""
+    """How the elastic allocator decides: its method, objective, look-ahead and time limit,
+    and whether a running fragment is resized in place.
+
+    The one set of defaults of every entry point: ``BackfillExecutor(allocator=...)`` and its
+    :class:`~parsl_bf.executor.controller.Controller`, the YAML loader (``allocator:`` under a
+    BackfillExecutor), ``parsl-bf replay``'s flags and
+    :class:`~parsl_bf.replay.simulator.ReplayConfig` take their defaults from here
+    (:data:`DEFAULT_SETTINGS`), by keyword."""
 
     # allow_inf_nan: ``time_limit: .nan`` passes ``gt=0`` (nan fails no comparison).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -80,6 +91,27 @@ class AllocatorSettings(BaseModel):
     time_limit: float = Field(
         10.0, gt=0, description="Time limit of the MILP solver at each decision, in seconds."
     )
+    # True, as measured: a shrink in place costs 0.4 s of a ResNet-18's training, a grow
+    # 0.6 s, against a restart's seconds (docs/training.md, docs/evaluation.md).
+    shrink_in_place: bool = Field(
+        True,
+        description="With the executor's `warm_ranks`, shrink a fragment that gives back whole "
+        "pilots in place: the ranks that stay train on with the state in memory, the others "
+        "leave (`parsl_bf.training.resize`), with no checkpoint written or read. This is done "
+        "when a pilot reaches its walltime, and when one is preempted: its ranks leave at "
+        "their next step and the rest train on, as long as `min_nodes` stay "
+        "(`parsl_bf.decisions.trains_on_in_place`). A task's own training loop takes it as a "
+        "stop and starts again at the new size; from then on it is not asked again.",
+    )
+    grow_in_place: bool = Field(
+        True,
+        description="With the executor's `warm_ranks`, grow a fragment that keeps all of its "
+        "nodes in place: joiner ranks start on the added nodes, and once they are set up the "
+        "running ranks take them in at their next step and send them the state "
+        "(`parsl_bf.training.resize`), with no checkpoint written or read and no rank "
+        "stopped. A task's own training loop takes it as a stop and starts again at the new "
+        "size; from then on it is sent no joiners.",
+    )
 
     @field_validator("tfwd", mode="before")
     @classmethod
@@ -87,11 +119,10 @@ class AllocatorSettings(BaseModel):
         return check_tfwd(value)
 
     def lookahead(self, holes: Sequence[float] = ()) -> float:
-        """T_fwd in seconds: the fixed value, or the median of ``holes`` (hole lengths seen so
-        far) under ``auto``; :data:`DEFAULT_TFWD_S` while none is known."""
-        if self.tfwd != "auto":
-            return float(self.tfwd)
-        return statistics.median(holes) if holes else DEFAULT_TFWD_S
+        """T_fwd in seconds (:func:`parsl_bf.decisions.resolve_tfwd`): the fixed value, or the
+        median of ``holes`` (hole lengths seen so far) under ``auto``;
+        :data:`DEFAULT_TFWD_S` while none is known."""
+        return resolve_tfwd(self.tfwd, holes)
 
     def __call__(self, problem: AllocationProblem) -> Allocation:
         """The node counts this policy gives ``problem``'s tasks."""
@@ -104,3 +135,7 @@ class AllocatorSettings(BaseModel):
         if self.policy == "greedy":
             return greedy(problem)
         raise AllocationInputError("policy", f"unknown policy {self.policy!r}")
+
+
+#: The defaults, once: what every entry point takes where it is not told otherwise.
+DEFAULT_SETTINGS = AllocatorSettings()

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..decisions import caps_remaining_work
 from .errors import AllocationInputError
 
 __all__ = [
@@ -275,9 +276,12 @@ class AllocationProblem(BaseModel):
         waits, it leaves its nodes and slot to that one, whose gain its own past its end
         stands for, unless that successor's start costs as much as the tasks are long
         (``cap_while_waiting``; docs/policy-selection.md, "The remaining-work cap")."""
-        if self.objective is Objective.REMAINING_WORK:
-            return True
-        return self.cap_at_remaining_work and (self.cap_while_waiting or not self.tasks_waiting)
+        return caps_remaining_work(
+            self.objective is Objective.REMAINING_WORK,
+            self.cap_at_remaining_work,
+            self.cap_while_waiting,
+            self.tasks_waiting,
+        )
 
     @cached_property
     def largest_need_node_s(self) -> float:

@@ -23,20 +23,29 @@ object as the replay's), the counts are mapped to nodes without migration
   over from its result. Otherwise (nodes still held by another task, or
   ``warm_rescale=False``) it is *cold*: stop, then start the new size at the decision after
   the stop.
-- *Shrink in place* (``shrink_in_place``), when a running fragment keeps part of its nodes and
-  the nodes it gives back are whole launchers (pilots): :class:`ShrinkFragment`. Its kept
-  ranks train on in memory and the others leave (:mod:`parsl_bf.training.resize`); the nodes
-  given back stay busy until their launchers have exited. Not done by then
-  (``handover_timeout_s``), or not possible in place (the trainer stops instead), the
-  fragment stops and starts again at the new size.
-- *Grow in place* (``grow_in_place``), when a running fragment keeps all of its nodes and adds
-  free ones: :class:`GrowFragment`. Joiner launchers start on the added nodes (one per pilot,
-  new placement groups of the same fragment); once they are set up the shell writes the grow
-  request, and at its next step the fragment takes them in and sends them its state. Not
+- *Shrink in place* (``shrink_in_place`` of the settings), when a running fragment keeps part
+  of its nodes and the nodes it gives back are whole launchers (pilots):
+  :class:`ShrinkFragment`. Its kept ranks train on in memory and the others leave
+  (:mod:`parsl_bf.training.resize`); the nodes given back stay busy until their launchers
+  have exited. Not done by then (``handover_timeout_s``), or not possible in place (the
+  trainer stops instead), the fragment stops and starts again at the new size.
+- *Grow in place* (``grow_in_place`` of the settings), when a running fragment keeps all of its
+  nodes and adds free ones: :class:`GrowFragment`. Joiner launchers start on the added nodes
+  (one per pilot, new placement groups of the same fragment); once they are set up the shell
+  writes the grow request, and at its next step the fragment takes them in and sends them
+  its state. Not
   done by ``handover_timeout_s`` (a joiner that failed, a grow the trainer refused), the
   fragment stops and starts again at the new size. Nodes another task gives back at the
   same decision are busy until its ranks there have left: the grow waits for them (their
   exit brings a decision) while the fragment trains on, instead of stopping to start again.
+- *Which* resizes are done in place is one rule, :func:`parsl_bf.decisions.trains_on_in_place`
+  (a shrink, and a fragment that loses a leaving pilot's nodes: at least ``min_nodes`` stay)
+  and :func:`parsl_bf.decisions.grows_in_place`, the same rule the ranks (their
+  ``--leave-min``) and the replay follow. A task that answered an in-place shrink or grow by
+  stopping (its result says it runs a loop of its own, :mod:`parsl_bf.training.elastic`,
+  which cannot resize in place) is marked (``ElasticTask.resizes_in_place`` False): from then
+  on it is neither asked to resize in place nor sent joiners, and the allocator weighs its
+  resizes at its restart's cost.
 - *Stop*: ``TERM`` to each of the fragment's launchers; ``KILL`` to what is left after
   ``stop_grace_s`` (ranks blocked on a peer that died with its pilot).
 - *Exit classification*, when a fragment's last process has exited: its result says ``done``
@@ -84,7 +93,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..allocation import Allocation, AllocationProblem, AllocatorSettings, TaskSpec, plan
+from ..allocation import (
+    DEFAULT_SETTINGS,
+    Allocation,
+    AllocationProblem,
+    AllocatorSettings,
+    TaskSpec,
+    plan,
+)
+from ..decisions import IN_PLACE_REASONS, grows_in_place, trains_on_in_place
 from .analysis import E_SLACK
 from .lifecycle import (
     AppCrashed,
@@ -135,10 +152,6 @@ STOPS_KEPT = 10
 #: A fragment's start may take this many times the task's longest measured start (a start on
 #: a loaded node is slower, a launch that cannot start never ends) before it counts as failed.
 START_MARGIN = 4.0
-#: Why a pilot leaves, when a fragment that also runs on pilots that stay gives its ranks
-#: there back in place (``shrink_in_place``) instead of stopping: a cancelled pilot's ranks
-#: are ours to stop, and a pilot gone took them already.
-IN_PLACE_REASONS = ("walltime", "preempted")
 
 
 def node_id(pilot: str, host: str) -> Node:
@@ -171,6 +184,9 @@ class ElasticTask:
     task: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     family: str = ""  # the training code (module:function): tasks of a family share rates
+    # False once a fragment of it answered an in-place shrink or grow by stopping (a loop of
+    # its own, parsl_bf.training.elastic): it is not asked to resize in place again.
+    resizes_in_place: bool = True
     scaling: dict[int, float] = field(default_factory=dict)  # the user's guess, samples/s
     rescale_s: float = 10.0  # the user's guess of a rescale's cost
     samples: int = 0
@@ -291,6 +307,7 @@ class Fragment:
     leaving: set[str] = field(default_factory=set)  # launchers an in-place shrink lets go
     shrink_deadline: float | None = None  # stop it if they have not all left by then
     joining: set[str] = field(default_factory=set)  # joiner launchers of an in-place grow
+    resized_in_place: bool = False  # it was asked to shrink or grow in place
     grow_deadline: float | None = None  # stop it if it has not grown by then
     # A launcher failed on its own (it never ran, or it exited non-zero on a pilot that stays
     # before anything asked it to stop): the fragment's end is a failure, not a stop, even
@@ -323,11 +340,16 @@ _DECIDE_AFTER = (PilotUp, PilotLeaving, PilotGone, TaskSubmitted, ProcessExited)
 class Controller:
     """Decisions of the BackfillExecutor; see the module docstring.
 
-    Parameters
-    ----------
+    Parameters, by keyword only
+    ---------------------------
     allocator
-        The allocation policy (method, objective, look-ahead, solver time limit); an ``auto``
-        look-ahead is the median walltime of the pilots seen so far, i.e. of the holes.
+        The settings (:class:`~parsl_bf.allocation.AllocatorSettings`; default
+        :data:`~parsl_bf.allocation.DEFAULT_SETTINGS`, the executor's and the replay's): the
+        allocation policy (method, objective, look-ahead, solver time limit; an ``auto``
+        look-ahead is the median walltime of the pilots seen so far, i.e. of the holes), and
+        whether fragments shrink and grow in place (``shrink_in_place``: only where every
+        rank is an MPI job of its own, the executor's warm ranks: in one ``mpiexec`` world,
+        MPICH keeps a rank that left until all have; module docstring).
     max_tasks
         Elastic tasks running at once (first come first served).
     min_node_life_s
@@ -353,12 +375,6 @@ class Controller:
         Fragments of a task restarted from its checkpoint after a failure that is not the
         task's own (a crashed rank, a lost node, out of memory) before its future fails, as
         torchrun's ``--max-restarts``. An exception in the task's code fails it at once.
-    shrink_in_place
-        Shrink a running fragment in place where its placement allows (module docstring).
-        Only where every rank is an MPI job of its own (the executor's warm ranks): in one
-        ``mpiexec`` world, MPICH keeps a rank that left until all have.
-    grow_in_place
-        Grow a running fragment in place when it keeps all of its nodes (module docstring).
     shared_cores
         The nodes are emulated on this many cores (the local emulation), so that a node is
         worth the share of a core its ranks get: the accounting measures that share (the
@@ -368,7 +384,8 @@ class Controller:
 
     def __init__(
         self,
-        allocator: AllocatorSettings | None = None,
+        *,
+        allocator: AllocatorSettings = DEFAULT_SETTINGS,
         max_tasks: int = 10,
         min_node_life_s: float = 0.0,
         warm_rescale: bool = True,
@@ -377,15 +394,15 @@ class Controller:
         stop_grace_s: float = 45.0,
         start_timeout_s: float = 120.0,
         max_restarts: int = 3,
-        shrink_in_place: bool = False,
-        grow_in_place: bool = False,
         shared_cores: int | None = None,
     ) -> None:
-        self.allocator = allocator or AllocatorSettings()
+        self.allocator = allocator
         self.shared_cores = shared_cores
         self.max_tasks, self.min_node_life_s = max_tasks, min_node_life_s
-        self.warm_rescale, self.shrink_in_place = warm_rescale, shrink_in_place
-        self.grow_in_place = grow_in_place
+        self.warm_rescale = warm_rescale
+        # Read once: the allocator may be wrapped later (benchmarks record its solves).
+        self.shrink_in_place = allocator.shrink_in_place
+        self.grow_in_place = allocator.grow_in_place
         self.walltime_notice_s = walltime_notice_s
         self.handover_timeout_s, self.stop_grace_s = handover_timeout_s, stop_grace_s
         self.start_timeout_s = start_timeout_s
@@ -515,16 +532,42 @@ class Controller:
         """Shrink ``task``'s running fragment in place onto its nodes whose pilots stay, if
         in-place shrinks are on and its placement allows: what a leaving pilot costs is then
         its own ranks, not a restart of every rank (a ResNet-18 shrink in place: 0.4 s)."""
-        if not self.shrink_in_place or task.previous is not None or task.releasing:
+        if task.previous is not None or task.releasing or self._joining(task):
             return False
         stays = [n for n in task.nodes if not self._leaving(_split(n)[0])]
-        if len(stays) < task.min_nodes or self._joining(task):
+        if not self._trains_on(task, len(stays)):
             return False
         shrink = self._shrink(task, stays, now)
         if shrink is None:
             return False
         out += [shrink, Note("fragment_shrink", _shrink_names(shrink) | {"reason": reason})]
         return True
+
+    def _trains_on(self, task: ElasticTask, staying: int) -> bool:
+        """Whether ``task``'s running fragment keeps training in place on ``staying`` of its
+        nodes, the others leaving (:func:`~parsl_bf.decisions.trains_on_in_place`)."""
+        return trains_on_in_place(
+            staying,
+            len(task.nodes) - staying,
+            task.min_nodes,
+            enabled=self.shrink_in_place,
+            task_resizes=task.resizes_in_place,
+        )
+
+    def shrinks_in_place(self, task: ElasticTask) -> bool:
+        """Whether ``task``'s fragments are to let ranks leave in place at all: what their
+        ranks' ``--leave-min`` follows (the executor gives it to those that do)."""
+        return self.shrink_in_place and task.resizes_in_place
+
+    def _grows(self, task: ElasticTask, adding: int) -> bool:
+        """Whether ``task``'s running fragment, keeping all its nodes, takes ``adding`` more in
+        place (:func:`~parsl_bf.decisions.grows_in_place`)."""
+        return grows_in_place(
+            len(task.nodes),
+            adding,
+            enabled=self.grow_in_place,
+            task_resizes=task.resizes_in_place,
+        )
 
     def _leaving(self, pilot: str) -> bool:
         view = self.pilots.get(pilot)
@@ -691,6 +734,7 @@ class Controller:
         gone = {fragment_key(task.id, task.generation, g) for g in leave}
         fragment.leaving = gone & set(fragment.running)
         fragment.shrink_deadline = now + self.handover_timeout_s
+        fragment.resized_in_place = True
         task.releasing = tuple(n for n in task.nodes if n not in kept)
         task.nodes = tuple(n for n in task.nodes if n in kept)
         return ShrinkFragment(task.id, task.generation, tuple(keep))
@@ -712,6 +756,7 @@ class Controller:
         fragment.running.update(keys)
         fragment.placement += placement
         fragment.joining, fragment.grow_deadline = set(keys), now + self.handover_timeout_s
+        fragment.resized_in_place = True
         task.nodes = tuple(nodes)
         return GrowFragment(task.id, task.generation, placement, first)
 
@@ -820,6 +865,11 @@ class Controller:
         elif not fragment.failed and (
             status == "stopped" or fragment.stop_reason is not None or fragment.lost
         ):
+            if status == "stopped" and fragment.resized_in_place and not _resizes(result):
+                # It answered an in-place resize by stopping, and says it always will (a loop
+                # of its own): from now on it is resized by a restart only.
+                task.resizes_in_place = False
+                out.append(Note("task_resizes_by_restart", names))
             if status == "stopped" and fragment.stopped_at is not None and not fragment.lost:
                 task.stops_s.append(now - fragment.stopped_at)
                 del task.stops_s[:-STOPS_KEPT]
@@ -1111,8 +1161,8 @@ class Controller:
         for task in candidates:
             nodes, rates = task.curve(families.get(task.family))
             cost = task.rescale_cost()
-            down = task.shrink_cost() if self.shrink_in_place else cost
-            up = task.grow_cost() if self.grow_in_place else cost
+            down = task.shrink_cost() if self.shrinks_in_place(task) else cost
+            up = task.grow_cost() if self.grow_in_place and task.resizes_in_place else cost
             # A task handing over, or resizing in place, keeps its size at this decision: plan
             # around it as it is.
             busy = task.previous or task.releasing or self._joining(task)
@@ -1177,19 +1227,20 @@ class Controller:
                 continue
             added = set(step.nodes) - set(task.nodes)
             running = task.state == "running"
-            if running and self.shrink_in_place and step.nodes and not added:
+            if running and not added and self._trains_on(task, len(step.nodes)):
                 shrink = self._shrink(task, step.nodes, now)
                 if shrink is not None:
                     out += [shrink, Note("fragment_shrink", _shrink_names(shrink))]
                     continue
-            if running and self.grow_in_place and added and added <= available:
+            in_place = running and self._grows(task, len(added))
+            if in_place and added <= available:
                 grow = self._grow(task, step.nodes, now)
                 if grow is not None:
                     names = {"task": task.id, "generation": task.generation}
                     out += [grow, Note("fragment_grow", names | {"nodes": len(task.nodes)})]
                     continue
             grows = added and set(task.nodes) <= set(step.nodes)
-            if running and self.grow_in_place and grows and not added <= available:
+            if in_place and grows and not added <= available:
                 # Onto nodes another task gives back now: they are busy until its ranks there
                 # have left. Grow in place at the decision after, rather than stop and restart.
                 continue
@@ -1209,6 +1260,12 @@ class Controller:
             elif step.nodes:
                 task.state = "running"
                 out.append(self._start(task, step.nodes, after=None, now=now))
+
+
+def _resizes(result: dict[str, Any] | None) -> bool:
+    """Whether a fragment's result leaves its task able to resize in place: a loop of the
+    task's own (:mod:`parsl_bf.training.elastic`) says ``"resizes_in_place": false``."""
+    return result is None or result.get("resizes_in_place", True) is not False
 
 
 def _names(fragment: Fragment) -> dict[str, Any]:

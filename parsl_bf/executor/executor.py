@@ -64,6 +64,7 @@ from pydantic import ValidationError
 
 from .. import environment
 from ..allocation import AllocatorSettings
+from ..decisions import leaving_reason
 from ..providers.base import SettingError, check_count
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
@@ -145,10 +146,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     provider : ExecutionProvider
         A backfill provider (``LocalBackfillProvider``, ``SlurmBackfillProvider``, …).
     allocator : AllocatorSettings or dict
-        The allocation policy: ``policy`` (``milp``), ``objective`` (``throughput``),
-        ``tfwd`` (look-ahead in seconds, or ``auto``: the median walltime of the pilots so
-        far, i.e. of the holes) and the solver's ``time_limit``. In YAML, an ``allocator:``
-        mapping under the executor. The replay takes the same settings.
+        The settings (:class:`~parsl_bf.allocation.AllocatorSettings`, whose defaults are
+        the replay's too): the allocation policy, ``policy`` (``milp``), ``objective``
+        (``speedup_balanced``), ``tfwd`` (120 s; or ``auto``: the median walltime of the
+        pilots so far, i.e. of the holes) and the solver's ``time_limit``; and whether
+        fragments resize in place, ``shrink_in_place`` and ``grow_in_place`` (True; only
+        with ``warm_ranks``). In YAML, an ``allocator:`` mapping under the executor. The
+        replay takes the same settings.
     max_tasks : int
         The most elastic tasks running at once (first come first served).
     checkpoint_every : int or None
@@ -193,19 +197,6 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         Start a rescaled fragment's successor while the fragment still trains, and stop the
         fragment once the successor has imported and built its model (when the nodes the
         successor adds are free). False: stop first, then start the new size.
-    shrink_in_place : bool
-        With ``warm_ranks``, shrink a fragment that gives back whole pilots in place: the
-        ranks that stay train on with the state in memory, the others leave
-        (:mod:`parsl_bf.training.resize`), with no checkpoint written or read. This is done
-        when a pilot reaches its walltime, and when one is preempted: its ranks leave at their
-        next step and the rest train on, as long as ``min_nodes`` stay. A task's own
-        training loop takes it as a stop and starts again at the new size.
-    grow_in_place : bool
-        With ``warm_ranks``, grow a fragment that keeps all of its nodes in place: joiner
-        ranks start on the added nodes, and once they are set up the running ranks take them
-        in at their next step and send them the state (:mod:`parsl_bf.training.resize`), with
-        no checkpoint written or read and no rank stopped. A task's own training loop takes
-        it as a stop and starts again at the new size.
     heartbeat_timeout_s : float
         A pilot silent this long is considered gone.
     start_timeout_s : float
@@ -238,6 +229,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self,
         label: str = "backfill",
         provider: ExecutionProvider | None = None,
+        *,
         allocator: AllocatorSettings | dict[str, Any] | None = None,
         max_tasks: int = 10,
         checkpoint_every: int | None = None,
@@ -248,8 +240,6 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         rescale_s: float = 10.0,
         warm_rescale: bool = True,
         warm_ranks: bool = True,
-        shrink_in_place: bool = True,
-        grow_in_place: bool = True,
         heartbeat_timeout_s: float = 15.0,
         start_timeout_s: float = 120.0,
         mpiexec: str | None = None,
@@ -276,7 +266,6 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.min_node_life_s = min_node_life_s
         self.walltime_notice_s, self.rescale_s = walltime_notice_s, rescale_s
         self.warm_rescale, self.warm_ranks = warm_rescale, warm_ranks
-        self.shrink_in_place, self.grow_in_place = shrink_in_place, grow_in_place
         # (task, generation) → its live launchers' (first rank, ranks), by placement group,
         # numbered as the fragment's ranks are now (an in-place resize renumbers them)
         self._rank_ranges: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
@@ -292,20 +281,23 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.start_timeout_s = start_timeout_s
         self.mpiexec = mpiexec or MPIEXEC
         self.mpi_hosts, self.address = mpi_hosts, address
+        # In place only where each rank is its own MPI job (warm ranks): one that leaves exits
+        # at once (in one mpiexec world, MPICH keeps a rank that left until all have).
+        settings = self.allocator
+        if not warm_ranks:
+            off = {"shrink_in_place": False, "grow_in_place": False}
+            settings = settings.model_copy(update=off)
         # The hand-over deadline is the controller's default.
         self.controller = Controller(
-            self.allocator,
-            max_tasks,
-            2 * rescale_s if min_node_life_s is None else min_node_life_s,
-            warm_rescale,
-            walltime_notice_s,
+            allocator=settings,
+            max_tasks=max_tasks,
+            min_node_life_s=2 * rescale_s if min_node_life_s is None else min_node_life_s,
+            warm_rescale=warm_rescale,
+            walltime_notice_s=walltime_notice_s,
             # Ranks blocked on a peer that died with its pilot: killed after this.
             stop_grace_s=max(30.0, 3 * heartbeat_timeout_s),
             start_timeout_s=start_timeout_s,
             max_restarts=max_restarts,
-            # Each rank its own MPI job: one that leaves exits at once.
-            shrink_in_place=shrink_in_place and warm_ranks,
-            grow_in_place=grow_in_place and warm_ranks,
             # Emulated nodes share this machine's cores: count what a node can do there.
             shared_cores=_cores() if getattr(provider, "emulated", False) else None,
         )
@@ -633,9 +625,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         if isinstance(item, wire.PilotPreempted):
             # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
             known = getattr(self.provider, "pilots", {}).get(item.pilot)
-            reason = (
-                "cancelled" if known is not None and known.reason == "cancelled" else "preempted"
-            )
+            reason = leaving_reason(known.reason if known is not None else None)
             log_.emit(f"pilot_{reason}", pilot=item.pilot, signal=item.signal)
             return [PilotLeaving(item.pilot, reason)]
         if isinstance(item, wire.PilotGone):
@@ -907,14 +897,15 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     ) -> dict[str, Any]:
         """The worker flags every rank of a fragment takes, whatever its way in. With in-place
         shrinks, ``leave_min``: the ranks of ``min_nodes`` nodes (``per_node`` each) that let a
-        preempted pilot's ranks leave in place (the controller shrinks the same way)."""
+        preempted pilot's ranks leave in place: the ranks decide with the controller's rule
+        (:func:`parsl_bf.decisions.trains_on_in_place`), on ranks instead of nodes."""
         flags = {
             "checkpoint_every": self.checkpoint_every,
             "report": d.progress,
             "result": d.result(generation),
             "resize": d.resize(generation),
         }
-        if self.controller.shrink_in_place:
+        if self.controller.shrinks_in_place(task):
             flags["leave_min"] = task.min_nodes * per_node
         return flags
 

@@ -31,6 +31,7 @@ from parsl.launchers.base import Launcher
 from parsl.providers.errors import SubmitException
 
 from .. import environment
+from ..decisions import cancel_reason
 from .base import (
     Pilot,
     SchedulerError,
@@ -473,10 +474,12 @@ done
                 if pilot.state in TERMINAL_STATES:
                     continue
                 submitted.append(pilot.scheduler_id)
-                if pilot.signalled_at is not None:  # in its grace time: the cancel only hastens it
-                    pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
-                    continue
-            pilot.state, pilot.reason = JobState.CANCELLED, "cancelled"
+            signalled = job.request is not None and pilot.signalled_at is not None
+            pilot.reason = cancel_reason(signalled)
+            if pilot.reason == "preempted":  # in its grace time: the cancel only hastens it
+                pilot.state = JobState.TIMEOUT
+                continue
+            pilot.state = JobState.CANCELLED
         if not submitted:
             return
         try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..allocation import AllocatorSettings, Objective
+from ..allocation import DEFAULT_SETTINGS, AllocatorSettings, Objective
 from ..allocation.spec import MAX_NODES, MAX_SECONDS, MAX_TASKS
 from .errors import ReplayInputError
 from .holes import HoleForecast
@@ -101,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="hps-shufflenet-10J",
         help="job-set file, or a set name under the data's jobs/ (default %(default)s)",
     )
-    default = AllocatorSettings()  # the executor's defaults, defined there once
+    default = DEFAULT_SETTINGS  # the executor's defaults, defined there once
     p.add_argument("--policy", choices=POLICIES, default=default.policy)
     p.add_argument(
         "--objective",
@@ -288,16 +288,19 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    # The holes are the replayed nodes' idle periods, as the executor's are its pilots'.
+    holes = trace.hole_lengths(args.start, end) if policy.tfwd == "auto" else ()
+    if policy.tfwd == "auto" and not len(holes):
+        where = args.swf or args.trace or default_data_dir() / "trace"
+        print(
+            f"parsl-bf replay: error: {where}: no complete hole in the window: give T_fwd "
+            "explicitly (--tfwd)",
+            file=sys.stderr,
+        )
+        return 2
+    tfwd = policy.lookahead(holes)
     if policy.tfwd == "auto":
-        try:
-            tfwd = trace.suggest_tfwd(args.start, end)
-        except ValueError as exc:  # no hole closes in the window
-            where = args.swf or args.trace or default_data_dir() / "trace"
-            print(f"parsl-bf replay: error: {where}: {exc} (--tfwd)", file=sys.stderr)
-            return 2
         print(f"T_fwd = {tfwd:.0f} s (median hole length of the replayed nodes)", file=sys.stderr)
-    else:
-        tfwd = policy.lookahead()
     accounting = ORIGINAL_ACCOUNTING if args.original_accounting else {}
     config = ReplayConfig(
         tfwd=tfwd,

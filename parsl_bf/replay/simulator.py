@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..allocation import AllocationProblem, Objective, TaskSpec, plan
+from ..allocation import DEFAULT_SETTINGS, AllocationProblem, Objective, TaskSpec, plan
+from ..decisions import grows_in_place, resolve_tfwd, trains_on_in_place
 from .bound import DEFAULT_BUCKETS, e_avail_bound, idle_profile, violation
 from .holes import HoleForecast, planned_ends
 from .jobsets import Job
@@ -52,10 +53,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """What to replay: the window, the allocator's settings and the admission limit."""
+    """What to replay: the window, the allocator's settings and the admission limit.
 
-    tfwd: float = 10.0
-    objective: Objective = Objective.THROUGHPUT
+    ``tfwd`` and ``objective`` default to the executor's (:data:`parsl_bf.allocation.
+    DEFAULT_SETTINGS`: 120 s, ``speedup_balanced``, chosen by cross-validation,
+    docs/policy-selection.md); ``tfwd`` is seconds here, an ``auto`` resolved by the caller
+    (:func:`parsl_bf.decisions.resolve_tfwd` over the trace's holes)."""
+
+    tfwd: float = resolve_tfwd(DEFAULT_SETTINGS.tfwd)
+    objective: Objective = DEFAULT_SETTINGS.objective
     max_jobs: int = 10
     start_s: int = 0
     end_s: int | None = None  # None: the trace's end (or until every job is done)
@@ -301,7 +307,10 @@ def replay(
         for slot in hit:
             task = by_slot[slot]
             stay = [x for x in task.nodes if x not in lost]
-            in_place = shrink_s is not None and len(stay) >= max(1, task.job.min_nodes)
+            in_place = trains_on_in_place(
+                len(stay), len(task.nodes) - len(stay), task.job.min_nodes,
+                enabled=shrink_s is not None,
+            )  # fmt: skip
             charge = (shrink_s if in_place else task.job.rescale_down_s) * task.rate
             task.samples -= charge
             preemption_loss += charge
@@ -385,7 +394,8 @@ def replay(
                 for task in active:
                     step = node_plan.tasks[task.job.id]
                     owner[list(step.release)] = FREE
-                    in_place = task.job.id in resizes and bool(step.nodes)
+                    c, n = len(task.nodes), len(step.nodes)
+                    in_place = _in_place(c, n, task.job.min_nodes, task.job.id in resizes)
                     wait = in_place_s if in_place else task.job.rescale_down_s
                     freed_in |= dict.fromkeys(step.release, wait)
                 for task in active:
@@ -402,7 +412,7 @@ def replay(
                     # one that grows grows in place, once the nodes it takes are free (those
                     # another task gives back now, after its ranks there have left); a task
                     # that a preemption restarts now is restarting.
-                    in_place = task.job.id in resizes and min(c, n) > 0
+                    in_place = _in_place(c, n, task.job.min_nodes, task.job.id in resizes)
                     wait = max((freed_in.get(x, 0.0) for x in step.add), default=0.0)
                     if c == 0 and config.charge_starts:
                         rate = task.throughput(n)
@@ -504,6 +514,15 @@ def _by_kind(counts: dict[str, list[float]], idle_node_s: float) -> dict[str, di
         k: {"count": int(n), "E_avail_charges": c / idle_node_s if idle_node_s else None}
         for k, (n, c) in sorted(counts.items())
     }
+
+
+def _in_place(c: int, n: int, min_nodes: int, enabled: bool) -> bool:
+    """Whether a running task's planned rescale from ``c`` to ``n`` nodes is done in place: the
+    executor's rule (:func:`~parsl_bf.decisions.trains_on_in_place`,
+    :func:`~parsl_bf.decisions.grows_in_place`)."""
+    if n < c:
+        return trains_on_in_place(n, c - n, min_nodes, enabled=enabled)
+    return grows_in_place(c, n - c, enabled=enabled)
 
 
 def _kind(c: int, n: int, in_place: bool, waits: bool) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decisions import resolve_tfwd
 from .errors import (
     MAX_EVENTS,
     MAX_NODES,
@@ -87,7 +88,7 @@ class IdleTrace:
         lengths = self.hole_lengths(start_s, end_s)
         if len(lengths) == 0:
             raise ValueError("no complete hole in the window: give T_fwd explicitly")
-        return float(np.median(lengths))
+        return resolve_tfwd("auto", lengths)
 
     def idle_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Times and the number of idle nodes from each time on."""

@@ -27,6 +27,7 @@ import torch
 from mpi4py import MPI
 
 from .. import environment
+from ..decisions import trains_on_in_place
 from .batches import open_samples, to_device
 from .checkpoint import (
     Cadence,
@@ -651,13 +652,17 @@ class ElasticTrainer:
         some ranks only is their nodes going (a preemption signals only its own pilot's
         ranks): the others keep their state in memory instead of a checkpoint round trip.
         Collective on every rank (each knows ``asked`` from the step's Allreduce); rank 0's
-        ``leave_min`` decides, so that every rank decides alike."""
-        if not 0 < asked < world:
+        ``leave_min`` decides, so that every rank decides alike: the controller's rule
+        (:func:`parsl_bf.decisions.trains_on_in_place`), in ranks."""
+        if not trains_on_in_place(world - asked, asked, 1):  # alike on every rank: no collective
             return None
         gathered = self.comm.allgather((mine, self.leave_min))
         leave_min = gathered[0][1]
         keep = [r for r, (leaving, _) in enumerate(gathered) if not leaving]
-        return None if leave_min is None or len(keep) < leave_min else keep
+        stays = trains_on_in_place(
+            len(keep), world - len(keep), leave_min or 0, enabled=leave_min is not None
+        )
+        return keep if stays else None
 
     def _agree_resize(self, world: int, most: int) -> list[int] | GrowRequest | str | None:
         """Every rank takes (and clears) its resize request; rank 0's decides. The ranks to

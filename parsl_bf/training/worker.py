@@ -12,7 +12,8 @@ K ranks were not signalled: those train on in memory, as at a shrink. A request 
 train on in memory at the new size and the others exit 0 at once (the lowest rank kept is rank
 0 from then on, and writes the result file). At a grow, joiner ranks started with ``--join DIR
 --group g --groups G`` (after they said ``--ready``) connect and receive the state from rank 0.
-A task's own training loop takes a request as a stop. A rescale
+A task's own training loop takes a request as a stop, and its stopped result says
+``"resizes_in_place": false`` so that the executor asks it for no more. A rescale
 is fastest as a warm start: launch the new size with ``--after OLD_RESULT`` (at the decision,
 or earlier as a standby that reports ``--ready``), then signal the old ranks; the new ranks
 import torch and build the model before the old ones stop, and take over from their
@@ -330,6 +331,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         return received
 
     trainer = task = None
+    own_loop = False  # the task trained with a loop of its own: it cannot resize in place
     try:
         with elastic.session(
             comm=comm,
@@ -351,6 +353,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
                 task, loop.used, loop.status = None, True, "stopped"
         if loop.used and not isinstance(task, TrainingTask):  # a training loop, and it ran
             outcome = _loop_outcome(loop)
+            own_loop = True
         elif not isinstance(task, TrainingTask):
             raise TrainingInputError(
                 f"task {args.task!r}: returned {type(task).__name__}, not a TrainingTask "
@@ -417,7 +420,12 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         if cuda is not None and cuda.is_available():
             cuda.empty_cache()
     elif comm.rank == 0 and args.result:
-        write_result(args.result, asdict(outcome))
+        result = asdict(outcome)
+        if own_loop and outcome.status == "stopped":
+            # Whatever stopped it, an in-place resize would have too: the controller then asks
+            # for none again (parsl_bf.decisions.trains_on_in_place's task_resizes).
+            result["resizes_in_place"] = False
+        write_result(args.result, result)
     return 0
 
 

@@ -244,7 +244,10 @@ def test_a_leaving_pilot_gives_its_ranks_back_in_place(tmp_path, monkeypatch, kn
         assert len(preempted) == 1 and executor.preemptions == 1
 
 
-def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, **options):
+def _two_pilots(
+    tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, grow_in_place: bool = True,
+    **options,
+):  # fmt: skip
     """A BackfillExecutor (with ``options``) over two emulated nodes, one-node pilots, and its
     config. Only one pilot at first (``max_blocks=1``): a test raises it to 2 once its task
     trains on the first, so the second pilot comes in a decision of its own."""
@@ -265,7 +268,7 @@ def _two_pilots(tmp_path: Path, idle_s: float, busy_s: float, tfwd: float, **opt
     executor = BackfillExecutor(
         label="bf",
         provider=provider,
-        allocator={"tfwd": tfwd},
+        allocator={"tfwd": tfwd, "grow_in_place": grow_in_place},
         checkpoint_every=CHECKPOINT_EVERY,
         rescale_s=2,
         heartbeat_timeout_s=10,

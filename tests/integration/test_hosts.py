@@ -30,7 +30,9 @@ pytestmark = pytest.mark.slow
 BATCH = 64
 
 
-def _config(env, tmp_path: Path, nodes: int = 2, blocks: int = 1, **executor):
+def _config(
+    env, tmp_path: Path, nodes: int = 2, blocks: int = 1, in_place: bool = True, **executor
+):
     from parsl.config import Config
     from parsl.launchers import SimpleLauncher
 
@@ -49,7 +51,7 @@ def _config(env, tmp_path: Path, nodes: int = 2, blocks: int = 1, **executor):
     bf = BackfillExecutor(
         label="bf",
         provider=provider,
-        allocator={"tfwd": 30},
+        allocator={"tfwd": 30, "shrink_in_place": in_place, "grow_in_place": in_place},
         mpi_hosts=True,
         address=env["PARSL_BF_ADDRESS"],
         **executor,
@@ -304,9 +306,7 @@ def test_a_fragment_grows_onto_a_second_host_and_shrinks_off_it(
     train = elastic_app(
         "parsl_bf.training.examples:digits_cnn", work=10**9, min_nodes=1, max_nodes=2
     )
-    config = _config(
-        hosts, tmp_path, nodes=1, blocks=2, grow_in_place=in_place, shrink_in_place=in_place
-    )
+    config = _config(hosts, tmp_path, nodes=1, blocks=2, in_place=in_place)
     grow = ("grown",) if in_place else ("start",)
     shrink = ("shrunk",) if in_place else ("start",)
     with parsl.load(config):

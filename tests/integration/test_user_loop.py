@@ -14,6 +14,7 @@ import pytest
 from parsl_bf.executor.lifecycle import TaskDir
 from parsl_bf.training import load_latest
 from parsl_bf.training.data import total_steps
+from parsl_bf.training.reports import read_reports
 
 from .fragments import ROOT, env, result, run
 
@@ -96,3 +97,14 @@ def test_the_loop_runs_on_the_backfill_executor_through_preemptions(tmp_path: Pa
     starts = [json.loads(x) for x in progress.open() if '"start"' in x]
     assert len(starts) >= 2  # it was stopped and started again, from its checkpoint
     assert any(s["samples"] > BATCH for s in starts[1:])
+    # A loop of its own answers an in-place resize by stopping: once it has, it is marked and
+    # is asked for none again (resized by restarts only).
+    events = read_reports(Path(executor.directory) / "events.jsonl")
+    names = [e["event"] for e in events if e.get("task") == task]
+    asked = [i for i, n in enumerate(names) if n in ("fragment_shrink", "fragment_grow")]
+    marked = [i for i, n in enumerate(names) if n == "task_resizes_by_restart"]
+    assert len(marked) <= 1 and (
+        not marked or not executor.controller.elastic[task].resizes_in_place
+    )
+    if marked:
+        assert all(i < marked[0] for i in asked)

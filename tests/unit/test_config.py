@@ -109,6 +109,13 @@ def _line_of(text: str, needle: str) -> int:
             "executors[0].provider.trace",
             "no such file or directory: {tmp}/no-such-trace (relative to the file)",
         ),
+        (  # once the executor's own argument, now one of the settings the replay shares
+            "    max_tasks: 10",
+            "    max_tasks: 10\n    shrink_in_place: false",
+            "shrink_in_place",
+            "executors[0].shrink_in_place",
+            "shrink_in_place is now a key of the BackfillExecutor's allocator: mapping",
+        ),
         (
             "nodes: 64",
             "nodes: -3",
@@ -149,7 +156,8 @@ def _line_of(text: str, needle: str) -> int:
             "objectiv: speedup",
             "objectiv:",
             "executors[0].allocator.objectiv",
-            "unknown key (allowed: policy, objective, tfwd, time_limit)",
+            "unknown key (allowed: policy, objective, tfwd, time_limit, shrink_in_place, "
+            "grow_in_place)",
         ),
         (
             "tfwd: auto",

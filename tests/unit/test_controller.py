@@ -44,9 +44,14 @@ from parsl_bf.executor.lifecycle import (
 NOW = 1000.0
 
 
+#: The settings these tests take unless told: no resize in place (a rescale is a hand-over).
+_SETTINGS = {"shrink_in_place": False, "grow_in_place": False}
+
+
 def _controller(tfwd: float = 60, **kw) -> Controller:
-    settings = {k: kw.pop(k) for k in ("time_limit", "objective") if k in kw}
-    return Controller(AllocatorSettings(tfwd=tfwd, **settings), **kw)
+    keys = ("time_limit", "objective", "shrink_in_place", "grow_in_place")
+    settings = _SETTINGS | {k: kw.pop(k) for k in keys if k in kw}
+    return Controller(allocator=AllocatorSettings(tfwd=tfwd, **settings), **kw)
 
 
 def _nodes(start: StartFragment) -> list[str]:
@@ -527,12 +532,12 @@ def test_a_node_about_to_leave_is_not_worth_a_rescale() -> None:
 
 def test_the_policy_object_is_the_replays() -> None:
     # The executor's decisions go through the same policy object as parsl-bf replay's.
-    c = Controller(AllocatorSettings(policy="equal-share", tfwd=60))
+    c = Controller(allocator=AllocatorSettings(policy="equal-share", tfwd=60, **_SETTINGS))
     out = c.handle(
         [TaskSubmitted(_task("a", 1, 4)), TaskSubmitted(_task("b", 1, 4)), _up("p", *"1234")], NOW
     )
     assert sorted(s.nodes for s in _of(StartFragment, out)) == [2, 2]
-    auto = Controller(AllocatorSettings(tfwd="auto"))
+    auto = Controller(allocator=AllocatorSettings(tfwd="auto", **_SETTINGS))
     auto.handle([_up("p", "n", ends_at=NOW + 300), _up("q", "n", ends_at=NOW + 500)], NOW)
     assert auto.effective_tfwd == 400
 
@@ -939,7 +944,7 @@ _PROBLEMS: list = []
 def test_the_allocator_is_told_whether_a_task_waits_for_a_slot() -> None:
     # speedup_balanced balances only a batch's tail: it must know when nothing waits.
     _PROBLEMS.clear()
-    c = Controller(_Recording(tfwd=60), max_tasks=1)
+    c = Controller(allocator=_Recording(tfwd=60, **_SETTINGS), max_tasks=1)
     (start,) = c.handle(
         [TaskSubmitted(_task("a")), TaskSubmitted(_task("b")), _up("p1", "n1")], NOW
     )
@@ -1041,6 +1046,56 @@ def test_a_shrink_the_fragment_turns_into_a_stop_restarts_at_the_new_size() -> N
     out = c.handle(_exits(start, stopped), NOW + 2)
     starts = {s.task: _nodes(s) for s in _of(StartFragment, out)}
     assert starts == {"a": ["p1/n1"], "b": ["p2/n2"]} and c.elastic["a"].samples == 700
+
+
+def test_a_task_that_answered_a_shrink_in_place_by_stopping_is_not_resized_in_place_again():
+    # A loop of the task's own (parsl_bf.training.elastic) takes the shrink as a stop, and its
+    # result says it always will: from then on the task is resized by restarts only. It is
+    # sent no joiners, and a pilot of its that is preempted stops it (no shrink in place).
+    c = _controller(shrink_in_place=True, grow_in_place=True)
+    a = ElasticTask("a", work=10**9, min_nodes=1, max_nodes=2, task="m:f")
+    a.scaling = {1: 100.0, 2: 110.0}
+    ups = [_up("p1", "n1"), _up("p2", "n2", ends_at=NOW + 1000)]
+    (start,) = _of(StartFragment, c.handle([TaskSubmitted(a), *ups], NOW))
+    (shrink,) = _of(ShrinkFragment, c.handle([TaskSubmitted(_b())], NOW + 1))
+    assert shrink.task == "a" and a.resizes_in_place
+    stopped = {"status": "stopped", "samples": 700, "resizes_in_place": False}
+    out = c.handle(_exits(start, stopped), NOW + 2)
+    assert "task_resizes_by_restart" in _notes(out) and not a.resizes_in_place
+    starts = {s.task: s for s in _of(StartFragment, out)}
+    assert _nodes(starts["a"]) == ["p1/n1"] and _nodes(starts["b"]) == ["p2/n2"]
+    # A third node, worth most to a now: a grows by a warm hand-over, not in place.
+    a.scaling[2] = 200.0
+    out = c.handle([_up("p3", "n3", ends_at=NOW + 500)], NOW + 3)
+    assert not _of(GrowFragment, out)
+    (successor,) = _of(StartFragment, out)
+    assert successor.task == "a" and successor.after == starts["a"].generation
+    assert sorted(_nodes(successor)) == ["p1/n1", "p3/n3"]
+    out = c.handle([FragmentReady("a", successor.generation)], NOW + 4)
+    assert _terms(out) == {("p1", fragment_key("a", starts["a"].generation, 0))}
+    c.handle(_exits(starts["a"], {"status": "stopped", "samples": 800}), NOW + 5)
+    # p3 is preempted: p1 stays, enough for min_nodes, yet a stops instead of shrinking.
+    out = c.handle([PilotLeaving("p3", "preempted")], NOW + 6)
+    assert not _of(ShrinkFragment, out)
+    keys = {fragment_key("a", successor.generation, g) for g in range(2)}
+    assert {k for _, k in _terms(out)} == keys and a.state == "stopping"
+
+
+def test_a_stop_at_an_in_place_resize_marks_only_a_task_that_says_it_cannot_resize() -> None:
+    # The trainer stops at a shrink it cannot do this time (no result flag): it is asked again.
+    c, start = _two_pilots()
+    c.handle([TaskSubmitted(_b())], NOW + 1)
+    out = c.handle(_exits(start, {"status": "stopped", "samples": 700}), NOW + 2)
+    assert c.elastic["a"].resizes_in_place and "task_resizes_by_restart" not in _notes(out)
+
+
+def test_a_task_that_says_it_cannot_resize_is_not_marked_unless_it_was_asked() -> None:
+    # A plain stop (a walltime, a hand-over) of a loop of its own says nothing about resizes.
+    c, start = _two_pilots()
+    c.handle([PilotLeaving("p1", "cancelled")], NOW + 1)
+    stopped = {"status": "stopped", "samples": 700, "resizes_in_place": False}
+    c.handle(_exits(start, stopped), NOW + 2)
+    assert c.elastic["a"].resizes_in_place
 
 
 def test_a_shrink_not_done_in_time_stops_the_fragment() -> None:

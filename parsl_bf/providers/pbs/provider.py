@@ -22,6 +22,7 @@ from parsl.jobs.states import JobState
 from parsl.launchers import MpiRunLauncher
 from parsl.launchers.base import Launcher
 
+from ...decisions import walltime_reached
 from ..base import Pilot, check_count, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import Hole, PilotRequest
@@ -88,7 +89,7 @@ def pilot_from_job(job: dict[str, Any], signal_lead_s: float, job_id: str = "") 
     )
     exit_status = _int(job.get("Exit_status"))
     ran_s = (ended - started) if ended is not None and started is not None else 0.0
-    at_limit = wall is not None and started is not None and ran_s >= wall - signal_lead_s - 5
+    at_limit = started is not None and walltime_reached(ran_s, wall, signal_lead_s)
     if state in _PENDING:
         pilot.state, pilot.reason = JobState.PENDING, comment
         if (_int(job.get("run_count")) or 0) > 0:  # it ran and is queued again: requeued

@@ -23,6 +23,7 @@ from parsl.jobs.states import JobState
 from parsl.launchers import SrunLauncher
 from parsl.launchers.base import Launcher
 
+from ...decisions import walltime_reached
 from ..base import Pilot, SettingError, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import SIZINGS, Hole, PilotRequest, Sizing
@@ -71,9 +72,8 @@ def pilot_from_job(
     )
     limit = fields.get("TimeLimit", "UNLIMITED")
     ran_s = (ended - started) if ended and started else 0.0
-    at_limit = limit not in ("UNLIMITED", "Partition_Limit") and ran_s >= (
-        parse_walltime(limit) - signal_lead_s - 5
-    )
+    walltime_s = None if limit in ("UNLIMITED", "Partition_Limit") else parse_walltime(limit)
+    at_limit = walltime_reached(ran_s, walltime_s, signal_lead_s)
     if pending:
         pilot.state = JobState.PENDING
     elif state in _RUNNING:
