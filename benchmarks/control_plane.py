@@ -53,8 +53,7 @@ from pathlib import Path
 import zmq
 from parsl.providers.base import ExecutionProvider
 
-from parsl_bf.executor.channel import AgentSession, client_socket, read_secret
-from parsl_bf.executor.ranks import RANKS_KEY
+from parsl_bf.pilot.wire import RANKS_KEY, AgentSession, client_socket, read_secret
 from parsl_bf.replay import missing_data
 from parsl_bf.training.reports import write_result
 
