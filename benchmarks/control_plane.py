@@ -81,8 +81,8 @@ def trace_peaks() -> dict[str, float]:
     the peak 10-s sample (the trace's resolution), minute, 10 minutes, hour; the mean."""
     import numpy as np
 
+    from parsl_bf.inputs.trace import load_trace
     from parsl_bf.replay import default_data_dir
-    from parsl_bf.replay.trace import load_trace
 
     tr = load_trace(default_data_dir() / "trace")
     scale = NODES / len(tr.nodes)

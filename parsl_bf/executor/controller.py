@@ -85,8 +85,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..allocation import Allocation, AllocationProblem, AllocatorSettings, TaskSpec, plan
-from .analysis import E_SLACK
 from .lifecycle import (
+    E_SLACK,
     AppCrashed,
     Command,
     Evaluated,

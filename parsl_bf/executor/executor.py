@@ -64,10 +64,10 @@ from pydantic import ValidationError
 
 from .. import environment
 from ..allocation import AllocatorSettings
+from ..checks import SettingError, check_count
 from ..pilot import outcome as runner
 from ..pilot.outcome import RunnerError, no_outcome_error, read_outcome
 from ..pilot.wire import AGENT_MODULE, RANKS_KEY, Refused, standbys_for, write_secret
-from ..providers.base import SettingError, check_count
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
 from ..training.resize import GrowRequest, ShrinkRequest

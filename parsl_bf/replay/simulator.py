@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..allocation import AllocationProblem, Objective, TaskSpec, plan
+from ..inputs.trace import IdleTrace
 from .bound import DEFAULT_BUCKETS, e_avail_bound, idle_profile, violation
 from .holes import HoleForecast, planned_ends
 from .jobsets import Job
 from .policies import Policy
-from .trace import IdleTrace
 
 __all__ = ["ORIGINAL_ACCOUNTING", "ReplayConfig", "ReplayResult", "StepRow", "replay"]
 

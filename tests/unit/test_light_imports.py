@@ -127,3 +127,14 @@ def test_the_driver_imports_only_the_pilots_contracts() -> None:
     }
     assert sorted(wrong) == []
 
+
+
+def test_no_live_component_imports_the_replay_or_the_analysis() -> None:
+    wrong = {
+        (name, m)
+        for name in MODULES
+        if not _within(name, OFFLINE_USERS)
+        for m in _imports(name)
+        if _within(m, OFFLINE)
+    }
+    assert sorted(wrong) == []

@@ -22,7 +22,8 @@ from parsl.jobs.states import JobState
 from parsl.launchers import MpiRunLauncher
 from parsl.launchers.base import Launcher
 
-from ..base import Pilot, check_count, parse_walltime
+from ...checks import check_count
+from ..base import Pilot, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import Hole, PilotRequest
 from . import commands

@@ -23,7 +23,8 @@ from parsl.jobs.states import JobState
 from parsl.launchers import SrunLauncher
 from parsl.launchers.base import Launcher
 
-from ..base import Pilot, SettingError, parse_walltime
+from ...checks import SettingError
+from ..base import Pilot, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import SIZINGS, Hole, PilotRequest, Sizing
 from . import commands
