@@ -53,8 +53,7 @@ from pathlib import Path
 import zmq
 from parsl.providers.base import ExecutionProvider
 
-from parsl_bf.executor.channel import AgentSession, client_socket, read_secret
-from parsl_bf.executor.ranks import RANKS_KEY
+from parsl_bf.pilot.wire import RANKS_KEY, AgentSession, client_socket, read_secret
 from parsl_bf.replay import missing_data
 from parsl_bf.training.reports import write_result
 
@@ -82,8 +81,8 @@ def trace_peaks() -> dict[str, float]:
     the peak 10-s sample (the trace's resolution), minute, 10 minutes, hour; the mean."""
     import numpy as np
 
+    from parsl_bf.inputs.trace import load_trace
     from parsl_bf.replay import default_data_dir
-    from parsl_bf.replay.trace import load_trace
 
     tr = load_trace(default_data_dir() / "trace")
     scale = NODES / len(tr.nodes)

@@ -20,11 +20,11 @@ from pathlib import Path
 import original  # benchmarks/original.py: the original's figures and how they are named
 
 from parsl_bf.allocation import AllocatorSettings, Objective
+from parsl_bf.inputs.trace import load_trace
 from parsl_bf.replay import default_data_dir, load_job_set, missing_data
 from parsl_bf.replay.holes import HoleForecast
 from parsl_bf.replay.policies import make_policy
 from parsl_bf.replay.simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
-from parsl_bf.replay.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The original replayer's own figures on this benchmark's settings, measured by

@@ -97,7 +97,6 @@ from _hosts import host_command, separate_hosts, sigterm_as_interrupt  # beside 
 from _load import Load, marked, wait_quiet
 
 from parsl_bf.executor.analysis import (
-    E_SLACK,
     RESCALES,
     RunFigures,
     efficiency,
@@ -105,6 +104,7 @@ from parsl_bf.executor.analysis import (
     percentile,
     run_figures,
 )
+from parsl_bf.executor.lifecycle import E_SLACK
 from parsl_bf.replay.windows import Window, choose_window
 from parsl_bf.training.command import mpiexec_argv, worker_argv
 from parsl_bf.training.reports import ScalingProfiler, read_reports, spans_rate
@@ -360,10 +360,10 @@ def replay_window(
     ``costs``: the start and rescale costs to charge (wall s), None: the calibration's
     rescale for both."""
     from parsl_bf.allocation import Objective
+    from parsl_bf.inputs.trace import load_trace
     from parsl_bf.replay.jobsets import Job
     from parsl_bf.replay.policies import make_policy
     from parsl_bf.replay.simulator import ReplayConfig, replay
-    from parsl_bf.replay.trace import load_trace
 
     scale = window.time_scale
     nodes, curve = cal.curve(window.nodes)
@@ -594,7 +594,7 @@ def main() -> int:
         args.min_hole = args.min_hole or 5.0
     min_hole = args.min_hole or max(15.0, args.duration / 6)
 
-    from parsl_bf.replay.trace import load_trace
+    from parsl_bf.inputs.trace import load_trace
 
     os.environ["PARSL_BF_THREADS_PER_RANK"] = "1"  # a node is a core: one torch thread a rank
     os.environ["PYTHONPATH"] = os.pathsep.join(

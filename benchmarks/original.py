@@ -60,11 +60,11 @@ import numpy as np
 
 from parsl_bf.allocation import Allocation, AllocationProblem, Objective, SolveStatus
 from parsl_bf.allocation.gains import score
+from parsl_bf.inputs.trace import IdleTrace, load_trace
 from parsl_bf.replay import default_data_dir, load_job_set, missing_data
 from parsl_bf.replay.jobsets import Job
 from parsl_bf.replay.policies import make_policy
 from parsl_bf.replay.simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
-from parsl_bf.replay.trace import IdleTrace, load_trace
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "_original_driver.py"

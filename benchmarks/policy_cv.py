@@ -41,12 +41,12 @@ from evaluation import _fmt, table  # noqa: E402
 
 from parsl_bf.allocation import Objective  # noqa: E402
 from parsl_bf.allocation.policy import AllocatorSettings  # noqa: E402
+from parsl_bf.inputs.trace import load_trace  # noqa: E402
 from parsl_bf.replay import default_data_dir, load_job_set, missing_data  # noqa: E402
 from parsl_bf.replay.bound import efficiency_ceiling, violation  # noqa: E402
 from parsl_bf.replay.cli import seconds_or_none  # noqa: E402
 from parsl_bf.replay.policies import make_policy  # noqa: E402
 from parsl_bf.replay.simulator import ReplayConfig, replay  # noqa: E402
-from parsl_bf.replay.trace import load_trace  # noqa: E402
 
 DAY = 86400
 # ``weighted`` is left out: with every job's weight 1 (as in all job sets) it is ``throughput``.

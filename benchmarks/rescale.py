@@ -12,7 +12,7 @@ the JSON line's ``start_s``, ``restart_s``, ``shrink_s``, ``grow_s``, ``shrink_h
   it reports ``--ready``, as a pilot's warm workers on their nodes would be;
 - ``cold``: that ``mpiexec -n N`` started at the decision, so process start-up (imports:
   ~2.4 CPU-s per rank here) is inside the interval;
-- ``ranks``: warm ranks (:mod:`parsl_bf.executor.ranks`): a ``RankPool`` whose standbys are
+- ``ranks``: warm ranks (:mod:`parsl_bf.pilot.ranks`): a ``RankPool`` whose standbys are
   ready before the decision (a pilot that has been up a while), each rank of a launch its own
   standby and rendezvous group, as the executor launches them. Six cases: ``start`` (a
   fragment from zero nodes, no checkpoint), ``restart`` (after a preemption: the old fragment
@@ -70,8 +70,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from parsl_bf.environment import THREADS_PER_RANK  # noqa: E402
-from parsl_bf.executor.agent import _output  # noqa: E402
-from parsl_bf.executor.ranks import RankGroup, RankPool, launch_ranks  # noqa: E402
+from parsl_bf.pilot.agent import _output  # noqa: E402
+from parsl_bf.pilot.ranks import RankGroup, RankPool, launch_ranks  # noqa: E402
 from parsl_bf.training.command import MPIEXEC, mpiexec_argv, worker_argv  # noqa: E402
 from parsl_bf.training.handover import MODES  # noqa: E402
 from parsl_bf.training.resize import GrowRequest, ShrinkRequest, ready_file  # noqa: E402

@@ -22,8 +22,8 @@ and exits only once the relay is gone from the process table. MPI singletons (no
 ``mpiexec``) cannot join each other: MPICH gives them the same world id.
 
 The host here probes the MPI side only; the executor's ranks are forked this way by the
-agent's rank host (``parsl_bf.executor.warmhost --ranks``) for relays
-(``parsl_bf.training.relay``), and ``benchmarks/rescale.py --mode ranks-fork`` measures those
+agent's rank host (``parsl_bf.pilot.warmhost --ranks``) for relays
+(``parsl_bf.pilot.relay``), and ``benchmarks/rescale.py --mode ranks-fork`` measures those
 ranks' starts and rescales end to end.
 
     .venv/bin/python benchmarks/warm_fork.py                 # 2 ranks, 5 repeats, ~1 min

@@ -52,7 +52,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from .providers.base import SettingError
+from .checks import SettingError
 
 __all__ = [
     "ConfigError",

@@ -1,7 +1,7 @@
 """The environment variables parsl_bf reads and sets, named once.
 
 A pilot's job script exports :data:`PILOT_JOB_ID`, :data:`PILOT_NODES` and :data:`PILOT_END`
-for its agent (:mod:`parsl_bf.executor.agent`); the executor sets :data:`THREADS_PER_RANK`
+for its agent (:mod:`parsl_bf.pilot.agent`); the executor sets :data:`THREADS_PER_RANK`
 for the ranks of an emulated node, and the agent :data:`LOCAL_RANK` and :data:`LOCAL_RANKS`
 for each rank of a node that runs several (one per GPU); the agent counts a node's GPUs from
 :data:`VISIBLE_GPUS` where it is set; configs and workflows take :data:`DATA` as the data root.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parsl_bf.replay.trace import IdleTrace
+from parsl_bf.inputs.trace import IdleTrace
 
 
 def idle_trace(initial, changes, end_s) -> IdleTrace:

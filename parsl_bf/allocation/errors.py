@@ -20,31 +20,38 @@ _WS = re.compile(r"[ \t\n\r]*")
 _PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
 
 
+def _past_ws(text: str, pos: int = 0) -> int:
+    """The index of the first non-blank character of ``text`` from ``pos`` on."""
+    match = _WS.match(text, pos)
+    assert match is not None  # the pattern matches the empty string
+    return match.end()
+
+
 def json_line(text: str, field: str) -> int:
     """The line of ``field`` (``tasks[2].min_nodes``) in the JSON ``text``: of its value, or
     of the deepest part of the path that is there (the line of the first value on failure)."""
     decoder = json.JSONDecoder()
-    pos = found = _WS.match(text).end()
+    pos = found = _past_ws(text)
     try:
         for index, key in _PART.findall(field):
             part: str | int = int(index) if index else key
-            at, i, k = None, _WS.match(text, pos + 1).end(), 0
+            at, i, k = None, _past_ws(text, pos + 1), 0
             if text[pos] == "{" and isinstance(part, str):
                 while text[i] == '"':
-                    name, i = json.decoder.scanstring(text, i + 1)
-                    i = _WS.match(text, _WS.match(text, i).end() + 1).end()  # past ':'
+                    name, i = decoder.raw_decode(text, i)  # a string: text[i] is its quote
+                    i = _past_ws(text, _past_ws(text, i) + 1)  # past ':'
                     if name == part:
                         at = i
                         break
-                    i = _WS.match(text, decoder.raw_decode(text, i)[1]).end()
-                    i = _WS.match(text, i + 1).end() if text[i] == "," else i
+                    i = _past_ws(text, decoder.raw_decode(text, i)[1])
+                    i = _past_ws(text, i + 1) if text[i] == "," else i
             elif text[pos] == "[" and isinstance(part, int):
                 while text[i] != "]":
                     if k == part:
                         at = i
                         break
-                    i = _WS.match(text, decoder.raw_decode(text, i)[1]).end()
-                    i = _WS.match(text, i + 1).end() if text[i] == "," else i
+                    i = _past_ws(text, decoder.raw_decode(text, i)[1])
+                    i = _past_ws(text, i + 1) if text[i] == "," else i
                     k += 1
             if at is None:
                 break

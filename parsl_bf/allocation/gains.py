@@ -98,8 +98,8 @@ def _per_second_gain(task: TaskSpec, objective: Objective, n: np.ndarray) -> np.
             raise AllocationInputError(
                 f"tasks[{task.id}].throughput", "speedup needs a positive throughput at 1 node"
             )
-        return np.interp(n, task.nodes, task.throughput) / p1
-    gain = np.interp(n, task.nodes, value_curve)
+        return np.asarray(np.interp(n, task.nodes, task.throughput)) / p1
+    gain = np.asarray(np.interp(n, task.nodes, value_curve))
     return gain * task.weight if objective is Objective.WEIGHTED else gain
 
 

@@ -32,6 +32,7 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyomo.common.tee as pyomo_tee
@@ -127,7 +128,7 @@ def build_model(problem: AllocationProblem) -> _Built:
     return _Built(m, tables, runs)
 
 
-def _glpk(time_limit: float | None):
+def _glpk(time_limit: float | None) -> Any:  # a Pyomo solver (Pyomo has no types)
     if shutil.which(GLPSOL) is None:
         raise SolverUnavailableError(
             "GLPK's glpsol is not on PATH: install it (Debian: apt-get install glpk-utils)"

@@ -12,6 +12,7 @@ count N. Only the per-second-gain objectives (``throughput``, ``speedup``, ``wei
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pyomo.environ as pyo
@@ -19,12 +20,12 @@ import pyomo.environ as pyo
 from .errors import AllocationInputError
 from .gains import _per_second_gain
 from .milp import _glpk
-from .spec import Allocation, AllocationProblem, Objective, SolveStatus
+from .spec import Allocation, AllocationProblem, Objective, SolveStatus, TaskSpec
 
 __all__ = ["solve_node_matrix"]
 
 
-def _breakpoints(task, cap: int) -> np.ndarray:
+def _breakpoints(task: TaskSpec, cap: int) -> np.ndarray:
     hi = min(task.max_nodes, cap)
     if hi < task.min_nodes:  # the task cannot run at all
         return np.array([0], dtype=np.int64)
@@ -70,10 +71,10 @@ def solve_node_matrix(problem: AllocationProblem, time_limit: float | None = 60.
     m.rows = pyo.ConstraintList()
     add = m.rows.add
 
-    def n(j):
+    def n(j: int) -> Any:  # a Pyomo expression
         return sum(m.x[j, v] for v in nodes)
 
-    def c(j, v) -> int:
+    def c(j: int, v: int) -> int:
         return int(v in held[j])
 
     for j in jobs:

@@ -27,7 +27,6 @@ from typing import Any
 from ..training.reports import read_reports, spans_rate, step_spans
 
 __all__ = [
-    "E_SLACK",
     "PREEMPTING",
     "RESCALES",
     "RunFigures",
@@ -42,9 +41,6 @@ __all__ = [
 
 Event = Mapping[str, Any]
 
-#: An efficiency (or a utilisation) above 1 + this is noise, not a result: no node does more
-#: than one node's work.
-E_SLACK = 0.02
 #: ``fragment_stop`` reasons that are preemptions: the fragment's pilot ended or was taken back.
 PREEMPTING = frozenset({"walltime", "preempted", "pilot gone"})
 #: Events after which a fragment's processes have exited (its nodes are free again): one

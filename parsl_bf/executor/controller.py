@@ -102,8 +102,8 @@ from ..allocation import (
     plan,
 )
 from ..decisions import IN_PLACE_REASONS, grows_in_place, trains_on_in_place
-from .analysis import E_SLACK
 from .lifecycle import (
+    E_SLACK,
     AppCrashed,
     Command,
     Evaluated,

@@ -1,7 +1,7 @@
 """``BackfillExecutor``: a Parsl executor that packs elastic training fragments onto pilots.
 
 It owns pilots from a backfill provider (Parsl's block scaling asks for them while tasks want
-nodes and releases them when idle). Each pilot runs :mod:`parsl_bf.executor.agent`, which
+nodes and releases them when idle). Each pilot runs :mod:`parsl_bf.pilot.agent`, which
 registers over an authenticated ZeroMQ channel (:mod:`parsl_bf.executor.channel`).
 
 The executor is the I/O shell around the decision core
@@ -11,7 +11,7 @@ The executor is the I/O shell around the decision core
 reports, ready files), hands the whole batch to the controller, and carries out the commands
 it returns: fragment ranks started on pilots (``mpiexec … python -m
 parsl_bf.training.worker``, one launcher per pilot joined by the rendezvous), signals, plain
-apps run by :mod:`parsl_bf.executor.runner`, futures set, the event log and ``status.json``.
+apps run by :mod:`parsl_bf.pilot.runner`, futures set, the event log and ``status.json``.
 
 **Faults of the shell's own I/O** (a full disk). Each command is carried out on its own: one
 that raises is logged and the others are still carried out. A task's future is set even when
@@ -21,7 +21,7 @@ controller as its processes' exits with
 :data:`~parsl_bf.executor.lifecycle.LAUNCH_FAILED` (its groups already sent are KILLed): a
 fragment restarts from its checkpoint at most ``max_restarts`` times, then fails; a plain app
 fails with the error. So does a plain app whose runner could not write its outcome
-(:func:`~parsl_bf.executor.runner.no_outcome_error`: ``[Errno 28] No space left on device``)
+(:func:`~parsl_bf.pilot.outcome.no_outcome_error`: ``[Errno 28] No space left on device``)
 or which could not be launched on its pilot, rather than running again forever.
 
 Tasks are ordinary Parsl apps. An app whose ``parsl_resource_specification`` has ``work`` is an
@@ -64,14 +64,16 @@ from pydantic import ValidationError
 
 from .. import environment
 from ..allocation import AllocatorSettings
+from ..checks import SettingError, check_count
 from ..decisions import leaving_reason
-from ..providers.base import SettingError, check_count
+from ..pilot import outcome as runner
+from ..pilot.outcome import RunnerError, no_outcome_error, read_outcome
+from ..pilot.wire import AGENT_MODULE, RANKS_KEY, Refused, standbys_for, write_secret
 from ..training.command import MPIEXEC, mpiexec_argv, worker_argv
 from ..training.reports import ReportTail, write_result
 from ..training.resize import GrowRequest, ShrinkRequest
-from . import channel as wire
-from . import runner
-from .channel import PilotServer, write_secret
+from . import channel
+from .channel import PilotServer
 from .controller import Controller, ElasticTask, PlainTask
 from .events import EventLog
 from .lifecycle import (
@@ -104,8 +106,6 @@ from .lifecycle import (
     parse_key,
     plain_key,
 )
-from .ranks import RANKS_KEY, standbys_for
-from .runner import RunnerError, no_outcome_error, read_outcome
 
 __all__ = ["BackfillExecutor", "FragmentFailed", "ELASTIC_KEYS"]
 
@@ -188,7 +188,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         Guess of a rescale's cost until one is measured.
     warm_ranks : bool
         Once there is training to do, each pilot's agent keeps one standby rank per node
-        (:mod:`parsl_bf.training.standby`: torch imported, MPI up, first optimizer step done)
+        (:mod:`parsl_bf.pilot.standby`: torch imported, MPI up, first optimizer step done)
         and fragments start on them instead of starting processes: a start, a restart and a
         rescale skip the seconds of a rank's start-up. Every rank of a fragment is then an MPI
         job of its own, joined to the others by the rendezvous. False: one ``mpiexec`` per
@@ -359,7 +359,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         one a hole pays in full)."""
         assert self.server is not None
         command = (
-            f"{sys.executable} -m parsl_bf.executor.agent --url {self.server.url} "
+            f"{sys.executable} -m {AGENT_MODULE} --url {self.server.url} "
             f"--secret-file {shlex.quote(str(self.secret_file))}"
         )
         if self.warm_ranks and self._training:
@@ -619,25 +619,25 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 "task_submitted", task=item.task.id, elastic=isinstance(item.task, ElasticTask)
             )
             return [item]
-        if isinstance(item, wire.PilotUp):
+        if isinstance(item, channel.PilotUp):
             log_.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at)
             return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at)]
-        if isinstance(item, wire.PilotPreempted):
+        if isinstance(item, channel.PilotPreempted):
             # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
             known = getattr(self.provider, "pilots", {}).get(item.pilot)
             reason = leaving_reason(known.reason if known is not None else None)
             log_.emit(f"pilot_{reason}", pilot=item.pilot, signal=item.signal)
             return [PilotLeaving(item.pilot, reason)]
-        if isinstance(item, wire.PilotGone):
+        if isinstance(item, channel.PilotGone):
             log_.emit("pilot_gone", pilot=item.pilot, reason=item.reason)
             return [PilotGone(item.pilot, item.reason)]
-        if isinstance(item, wire.ProcessExited):
+        if isinstance(item, channel.ProcessExited):
             return self._exit_of(item)
-        if isinstance(item, wire.Refused):
+        if isinstance(item, Refused):
             log_.emit("refused", peer=item.peer, reason=item.reason, count=item.count)
         return []
 
-    def _exit_of(self, item: wire.ProcessExited) -> list[Event]:
+    def _exit_of(self, item: channel.ProcessExited) -> list[Event]:
         try:
             task_id, generation, _group = parse_key(item.key)
         except ValueError:
@@ -912,8 +912,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
     def _rank_spec(
         self, first: int, count: int, of: int, per_node: int, hosts: tuple[str, ...]
     ) -> dict[str, Any]:
-        """The agent's spec of a group of warm ranks (:mod:`.ranks`): ``count`` ranks from
-        ``first`` of a world of ``of``, ``per_node`` on each of ``hosts``."""
+        """The agent's spec of a group of warm ranks (:mod:`parsl_bf.pilot.ranks`): ``count``
+        ranks from ``first`` of a world of ``of``, ``per_node`` on each of ``hosts``."""
         spec: dict[str, Any] = {"first": first, "count": count, "of": of, "per_node": per_node}
         spec["mpiexec"] = self.mpiexec
         if self.mpi_hosts:
@@ -956,7 +956,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self, pilot: str, key: str, argv: list[str], env: dict[str, str], cwd: Path, stdout: Path,
         stderr: Path, warm: bool = False, ranks: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
-        """The channel's ``launch`` message (``ranks``: a fragment's, :mod:`.ranks`)."""
+        """The channel's ``launch`` message (``ranks``: a fragment's, :data:`RANKS_KEY`)."""
         msg = {
             "op": "launch", "key": key, "argv": [str(a) for a in argv], "env": env,
             "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr),
@@ -1094,7 +1094,7 @@ def _launch_keys(command: Command) -> list[tuple[str, str]]:
     return []
 
 
-def _no_outcome(item: wire.ProcessExited, directory: TaskDir) -> Exception | None:
+def _no_outcome(item: channel.ProcessExited, directory: TaskDir) -> Exception | None:
     """Why a plain app left no outcome, if its runner or its launch said (None: it was killed,
     and runs again)."""
     said = _tail(directory.app_stream("stderr"), 1)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "E_SLACK",
     "PilotUp",
     "PilotLeaving",
     "PilotGone",
@@ -52,6 +53,11 @@ __all__ = [
     "launch_failed",
     "TaskDir",
 ]
+
+#: An efficiency (or a utilisation) above 1 + this is noise, not a result: no node does more
+#: than one node's work. The controller's summary marks its figures by it (``suspect``,
+#: ``noise``), and so do the readers of finished runs (``benchmarks/executor.py``).
+E_SLACK = 0.02
 
 #: One launcher per pilot a fragment spans: (pilot, its hosts the fragment runs on).
 Placement = tuple[tuple[str, tuple[str, ...]], ...]

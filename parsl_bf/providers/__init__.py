@@ -1,6 +1,7 @@
 """Parsl execution providers that ask for preemptible backfill pilots sized to the holes."""
 
-from .base import BackfillProvider, Pilot, SchedulerError, SettingError, parse_walltime
+from ..checks import SettingError
+from .base import BackfillProvider, Pilot, SchedulerError, parse_walltime
 from .handlers import BackfillErrorHandler, PreemptionRetries
 from .local import LocalBackfillProvider
 from .pbs import PBSProBackfillProvider

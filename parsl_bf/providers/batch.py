@@ -31,17 +31,9 @@ from parsl.launchers.base import Launcher
 from parsl.providers.errors import SubmitException
 
 from .. import environment
+from ..checks import SettingError, check_count, check_number
 from ..decisions import cancel_reason
-from .base import (
-    Pilot,
-    SchedulerError,
-    SettingError,
-    check_blocks,
-    check_count,
-    check_number,
-    check_walltimes,
-    python_bin,
-)
+from .base import Pilot, SchedulerError, check_blocks, check_walltimes, python_bin
 from .pilots import PilotProvider
 from .sizing import Hole, PilotRequest, Sizing, sizing_request
 

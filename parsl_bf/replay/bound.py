@@ -119,8 +119,8 @@ from pyomo.opt import TerminationCondition
 
 from ..allocation.errors import SolverUnavailableError
 from ..allocation.milp import _glpk
+from ..inputs.trace import IdleTrace
 from .jobsets import Job
-from .trace import IdleTrace
 
 __all__ = [
     "DEFAULT_BUCKETS",

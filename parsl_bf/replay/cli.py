@@ -14,14 +14,14 @@ from pydantic import ValidationError
 
 from ..allocation import DEFAULT_SETTINGS, AllocatorSettings, Objective
 from ..allocation.spec import MAX_NODES, MAX_SECONDS, MAX_TASKS
-from .errors import ReplayInputError
+from ..inputs.errors import ReplayInputError
+from ..inputs.trace import load_trace
 from .holes import HoleForecast
 from .jobsets import default_data_dir, load_job_set
 from .policies import POLICIES
 from .report import summary_table, write_report
 from .simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
 from .swf import load_swf
-from .trace import load_trace
 
 __all__ = ["add_parser", "parse_duration"]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .trace import IdleTrace
+from ..inputs.trace import IdleTrace
 
 __all__ = ["HoleForecast", "planned_ends"]
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from ..allocation import AllocationInputError, TaskSpec
 from ..allocation.errors import json_line
 from ..environment import DATA
-from .errors import (
+from ..inputs.errors import (
     MAX_JOBS,
     MAX_SECONDS,
     MAX_WORK,
@@ -192,10 +192,10 @@ def _unique(jobs: list[tuple[Job, int | None]], path: Path, text: str) -> None:
 def load_job_set(path: str | Path) -> list[Job]:
     """Jobs of a set, in submission order; ``path`` is the ``.json`` or ``.csv`` file.
 
-    Checked as untrusted input: at most :data:`~parsl_bf.replay.errors.MAX_JOBS` jobs, unique
+    Checked as untrusted input: at most :data:`~parsl_bf.inputs.errors.MAX_JOBS` jobs, unique
     ids, finite numbers (submission times within
-    :data:`~parsl_bf.replay.errors.MAX_SECONDS`, positive work of at most
-    :data:`~parsl_bf.replay.errors.MAX_WORK` samples) and the allocator's checks of every curve.
+    :data:`~parsl_bf.inputs.errors.MAX_SECONDS`, positive work of at most
+    :data:`~parsl_bf.inputs.errors.MAX_WORK` samples) and the allocator's checks of every curve.
     """
     path = Path(path)
     jobs: list[tuple[Job, int | None]] = []

@@ -39,11 +39,11 @@ import numpy as np
 
 from ..allocation import DEFAULT_SETTINGS, AllocationProblem, Objective, TaskSpec, plan
 from ..decisions import grows_in_place, resolve_tfwd, trains_on_in_place
+from ..inputs.trace import IdleTrace
 from .bound import DEFAULT_BUCKETS, e_avail_bound, idle_profile, violation
 from .holes import HoleForecast, planned_ends
 from .jobsets import Job
 from .policies import Policy
-from .trace import IdleTrace
 
 __all__ = ["ORIGINAL_ACCOUNTING", "ReplayConfig", "ReplayResult", "StepRow", "replay"]
 

@@ -9,10 +9,10 @@ Assumptions, since SWF records jobs, not nodes:
 - jobs with an unknown start or run time (-1) or no processors are skipped and counted; a job
   that does not fit (the log over-commits the machine) gets the nodes that are free, counted too.
 Times are seconds from the log's first submission. The log is untrusted input: times must be
-finite and within :data:`~parsl_bf.replay.errors.MAX_SECONDS`, the machine at most
-:data:`~parsl_bf.replay.errors.MAX_NODES` nodes, the jobs and the node state changes they
-imply at most :data:`~parsl_bf.replay.errors.MAX_JOBS` and
-:data:`~parsl_bf.replay.errors.MAX_EVENTS`.
+finite and within :data:`~parsl_bf.inputs.errors.MAX_SECONDS`, the machine at most
+:data:`~parsl_bf.inputs.errors.MAX_NODES` nodes, the jobs and the node state changes they
+imply at most :data:`~parsl_bf.inputs.errors.MAX_JOBS` and
+:data:`~parsl_bf.inputs.errors.MAX_EVENTS`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import (
+from ..inputs.errors import (
     MAX_EVENTS,
     MAX_JOBS,
     MAX_NODES,
@@ -35,7 +35,7 @@ from .errors import (
     number,
     text_lines,
 )
-from .trace import IdleTrace
+from ..inputs.trace import IdleTrace
 
 __all__ = ["SwfStats", "load_swf"]
 

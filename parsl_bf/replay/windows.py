@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .trace import IdleTrace
+from ..inputs.trace import IdleTrace
 
 __all__ = ["Window", "choose_window", "idle_intervals"]
 

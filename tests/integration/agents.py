@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 from parsl_bf import environment
-from parsl_bf.executor.channel import Refused
+from parsl_bf.pilot.wire import AGENT_MODULE, Refused
 
 from ..waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 END = 1_900_000_000.5  # the pilots' walltime end (epoch seconds)
-AGENT = [sys.executable, "-m", "parsl_bf.executor.agent"]
+AGENT = [sys.executable, "-m", AGENT_MODULE]
 
 
 class Events:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from parsl_bf.executor.channel import PilotServer, read_secret, write_secret
+from parsl_bf.executor.channel import PilotServer
+from parsl_bf.pilot.wire import read_secret, write_secret
 
 from .agents import AGENT, Events, pilot_env
 from .fragments import rank
@@ -96,7 +97,7 @@ def serve(secret_file: Path) -> Iterator:
 
 @pytest.fixture
 def agent(tmp_path: Path, secret_file: Path) -> Iterator:
-    """``agent(url, pilot, *args, env=...) -> Popen`` of ``python -m parsl_bf.executor.agent``
+    """``agent(url, pilot, *args, env=...) -> Popen`` of ``python -m parsl_bf.pilot.agent``
     (``env``: added to the pilot's), its
     stderr appended to ``tmp_path / "<pilot>.stderr"``; any still running after the test get
     SIGTERM (which they forward to their processes), then SIGKILL."""

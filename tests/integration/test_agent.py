@@ -15,16 +15,9 @@ from pathlib import Path
 import pytest
 from parsl.serialize import pack_apply_message
 
-from parsl_bf.executor.channel import (
-    UNAUTHENTICATED,
-    PilotGone,
-    PilotPreempted,
-    PilotUp,
-    ProcessExited,
-    Refused,
-    write_secret,
-)
-from parsl_bf.executor.runner import RunnerError, UnpicklableError, command, read_outcome
+from parsl_bf.executor.channel import PilotGone, PilotPreempted, PilotUp, ProcessExited
+from parsl_bf.pilot.outcome import MODULE, RunnerError, UnpicklableError, command, read_outcome
+from parsl_bf.pilot.wire import UNAUTHENTICATED, Refused, write_secret
 
 from ..waiting import until
 from .agents import END, alive, launch, pilot_env
@@ -173,7 +166,7 @@ def _run(tmp_path: Path, payload: bytes) -> tuple[int, Path]:
     src, out = tmp_path / "app.in", tmp_path / "app.out"
     src.write_bytes(payload)
     done = subprocess.run(
-        [sys.executable, "-m", "parsl_bf.executor.runner", str(src), str(out)],
+        [sys.executable, "-m", MODULE, str(src), str(out)],
         env=pilot_env("runner"),
         capture_output=True,
         text=True,
@@ -201,12 +194,7 @@ def test_runner_reports_what_cannot_travel_and_bad_input(tmp_path: Path) -> None
     code, out = _run(tmp_path, b"not a packed app")
     ok, exc = read_outcome(out)
     assert code == 2 and not ok and isinstance(exc, RunnerError)
-    assert (
-        subprocess.run(
-            [sys.executable, "-m", "parsl_bf.executor.runner"], env=pilot_env("r")
-        ).returncode
-        == 2
-    )
+    assert subprocess.run([sys.executable, "-m", MODULE], env=pilot_env("r")).returncode == 2
 
 
 # --- plain apps forked from the warm host ---------------------------------------------------

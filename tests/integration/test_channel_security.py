@@ -24,13 +24,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from parsl_bf.executor.channel import (
+from parsl_bf.executor.channel import PilotGone, PilotServer, PilotUp, ProcessExited
+from parsl_bf.pilot.wire import (
     UNAUTHENTICATED,
     AgentSession,
-    PilotGone,
-    PilotServer,
-    PilotUp,
-    ProcessExited,
     Refused,
     ServerSession,
     client_socket,
@@ -393,7 +390,8 @@ def test_a_sniffer_in_the_middle_sees_no_argv_or_environment(
 
 DRIVER = """
 import json, os, queue, sys, time
-from parsl_bf.executor.channel import PilotServer, PilotUp, read_secret
+from parsl_bf.executor.channel import PilotServer, PilotUp
+from parsl_bf.pilot.wire import read_secret
 
 secret_file, url_file, launches = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 events = queue.Queue()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from parsl_bf.executor.lifecycle import TaskDir
+from parsl_bf.pilot import standby, warmhost
 from parsl_bf.training.reports import read_reports
 
 from ..waiting import until
@@ -27,7 +28,7 @@ TASK = "parsl_bf.training.examples:digits_cnn"
 
 def _rank_host(proc: Path) -> bool:
     return (proc / "cmdline").read_bytes().split(b"\0")[2:5:2] == [
-        b"parsl_bf.executor.warmhost",
+        warmhost.MODULE.encode(),
         b"--ranks",
     ]
 
@@ -52,7 +53,7 @@ def _ranks(marker: str) -> list[int]:
             if "mpiexec" in argv[0].decode(errors="replace"):
                 continue
             cold = "parsl_bf.training.worker" in text and marker in text
-            warm = "parsl_bf.training.standby" in text or _forked_rank(proc)
+            warm = standby.MODULE in text or _forked_rank(proc)
             warm = warm and marker in os.readlink(proc / "fd/1")
             if cold or warm:
                 found.append(int(proc.name))

@@ -14,7 +14,9 @@ import pytest
 
 from parsl_bf import environment
 from parsl_bf.executor.channel import PilotGone, PilotUp, ProcessExited
-from parsl_bf.executor.ranks import RANKS_KEY, REFILL_DELAY_S, RankPool, rank_argv
+from parsl_bf.pilot import relay, standby, warmhost
+from parsl_bf.pilot.ranks import REFILL_DELAY_S, RankPool, rank_argv
+from parsl_bf.pilot.wire import RANKS_KEY
 from parsl_bf.training.command import MPIEXEC, worker_argv
 from parsl_bf.training.reports import read_reports
 
@@ -51,16 +53,16 @@ def _standbys_of(agent: int) -> list[int]:
     return _processes(
         agent,
         lambda argv: (
-            argv[2:3] == [b"parsl_bf.training.standby"]
+            argv[2:3] == [standby.MODULE.encode()]
             or argv[1:3] == [b"-I", b"-S"]
-            and argv[3].endswith(b"training/relay.py")
+            and argv[3] == relay.__file__.encode()
         ),
     )
 
 
 def _rank_hosts_of(agent: int) -> list[int]:
     """PIDs of an agent's rank host and the ranks it forked (their argv is the host's)."""
-    return _processes(agent, lambda argv: b"parsl_bf.executor.warmhost" in argv[:3]
+    return _processes(agent, lambda argv: warmhost.MODULE.encode() in argv[:3]
                       and b"--ranks" in argv)  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import zmq
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from parsl_bf.executor.channel import (
+from parsl_bf.pilot.wire import (
     AgentSession,
     RefusalLog,
     Refused,

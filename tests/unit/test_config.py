@@ -10,11 +10,11 @@ import pytest
 from parsl.config import Config
 
 import parsl_bf
+from parsl_bf.checks import SettingError
 from parsl_bf.cli import main
 from parsl_bf.config import ConfigError, validate_config
 from parsl_bf.executor import BackfillExecutor
 from parsl_bf.providers import LocalBackfillProvider, PBSProBackfillProvider, SlurmBackfillProvider
-from parsl_bf.providers.base import SettingError
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "tests" / "data" / "trace64"

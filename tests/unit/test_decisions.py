@@ -137,7 +137,7 @@ def test_auto_tfwd_is_the_median_hole_and_a_number_is_itself(holes) -> None:
 def test_the_replay_resolves_auto_as_the_executor() -> None:
     import numpy as np
 
-    from parsl_bf.replay.trace import IdleTrace
+    from parsl_bf.inputs.trace import IdleTrace
 
     # Two nodes, busy at first, idle 10-110 and 10-310: holes of 100 s and 300 s.
     trace = IdleTrace(

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from parsl_bf import environment
-from parsl_bf.executor.gpus import MAX_GPUS, node_gpus, visible_gpus
+from parsl_bf.pilot.gpus import node_gpus, visible_gpus
+from parsl_bf.pilot.wire import MAX_GPUS
 from parsl_bf.training.command import mpiexec_argv
 
 

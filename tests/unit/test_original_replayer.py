@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from parsl_bf.inputs.trace import load_trace
 from parsl_bf.replay import load_job_set
-from parsl_bf.replay.trace import load_trace
 
 from ..benchmarks import BENCHMARKS, benchmark
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from parsl_bf.inputs.trace import load_trace
 from parsl_bf.replay import load_job_set
-from parsl_bf.replay.trace import load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from parsl_bf.training import relay
+from parsl_bf.pilot import relay
 
 from ..waiting import until
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from parsl_bf.inputs.trace import IdleTrace, load_trace
 from parsl_bf.replay import bound as bound_module
 from parsl_bf.replay import simulator
 from parsl_bf.replay.bound import (
@@ -26,7 +27,6 @@ from parsl_bf.replay.jobsets import Job, load_job_set
 from parsl_bf.replay.policies import equal_share, greedy, make_policy
 from parsl_bf.replay.report import summary_table
 from parsl_bf.replay.simulator import ORIGINAL_ACCOUNTING, ReplayConfig, replay
-from parsl_bf.replay.trace import IdleTrace, load_trace
 
 from ..traces import idle_trace
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parsl_bf.inputs.trace import load_trace
 from parsl_bf.replay.holes import HoleForecast, planned_ends
 from parsl_bf.replay.jobsets import Job
 from parsl_bf.replay.policies import make_policy
 from parsl_bf.replay.simulator import ReplayConfig, replay
-from parsl_bf.replay.trace import load_trace
 
 from ..traces import idle_trace
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from parsl_bf.inputs.errors import ReplayInputError
+from parsl_bf.inputs.trace import load_trace
 from parsl_bf.replay import load_job_set
-from parsl_bf.replay.errors import ReplayInputError
 from parsl_bf.replay.swf import load_swf
-from parsl_bf.replay.trace import load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from parsl.serialize import pack_apply_message
 
-from parsl_bf.executor import runner
+from parsl_bf.pilot import outcome as runner
 
 from ..full_disk import fill_blocks, small_tmpfs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parsl_bf.replay.trace import IdleTrace
+from parsl_bf.inputs.trace import IdleTrace
 from parsl_bf.replay.windows import Window, choose_window, idle_intervals
 
 # Node 0 idle throughout; node 1 idle 200-260, 280-290, 600-650, 670-700; node 2 idle 610-640

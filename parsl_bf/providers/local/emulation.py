@@ -1,5 +1,5 @@
 """The emulated machine behind :class:`LocalBackfillProvider`: which nodes are idle, and for how
-long, at any emulated time. Pure: built from an :class:`~parsl_bf.replay.trace.IdleTrace`.
+long, at any emulated time. Pure: built from an :class:`~parsl_bf.inputs.trace.IdleTrace`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import bisect
 
 import numpy as np
 
-from ...replay.trace import IdleTrace
+from ...inputs.trace import IdleTrace
 
 __all__ = ["NodeStates", "synthetic_trace"]
 

@@ -38,16 +38,9 @@ from parsl.launchers import SingleNodeLauncher
 from parsl.launchers.base import Launcher
 
 from ... import environment
-from ...replay.trace import IdleTrace, load_trace
-from ..base import (
-    Pilot,
-    SettingError,
-    check_blocks,
-    check_count,
-    check_number,
-    check_walltimes,
-    python_bin,
-)
+from ...checks import SettingError, check_count, check_number
+from ...inputs.trace import IdleTrace, load_trace
+from ..base import Pilot, check_blocks, check_walltimes, python_bin
 from ..pilots import PilotProvider
 from ..sizing import Hole, size_pilot
 from .emulation import NodeStates, synthetic_trace

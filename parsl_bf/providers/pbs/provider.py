@@ -22,8 +22,9 @@ from parsl.jobs.states import JobState
 from parsl.launchers import MpiRunLauncher
 from parsl.launchers.base import Launcher
 
+from ...checks import check_count
 from ...decisions import walltime_reached
-from ..base import Pilot, check_count, parse_walltime
+from ..base import Pilot, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import Hole, PilotRequest
 from . import commands

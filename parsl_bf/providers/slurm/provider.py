@@ -23,8 +23,9 @@ from parsl.jobs.states import JobState
 from parsl.launchers import SrunLauncher
 from parsl.launchers.base import Launcher
 
+from ...checks import SettingError
 from ...decisions import walltime_reached
-from ..base import Pilot, SettingError, parse_walltime
+from ..base import Pilot, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import SIZINGS, Hole, PilotRequest, Sizing
 from . import commands

@@ -1,25 +1,25 @@
 """Warm ranks for a pilot's agent: standbys started ahead of need, and the ranks of one launch.
 
-A fragment's launch on a pilot (:data:`RANKS_KEY` in the ``launch`` message) names ``count``
-ranks, the ``first`` of which is rank ``first`` of the fragment's ``of``. Each rank is its own
-MPI job and its own rendezvous group (``--group first+i --groups of``), so that a rank can be
-one prepared before the decision or, when none is ready, a cold ``mpiexec -n 1`` of the same
-command: the two mix freely. The agent sees the ranks of one launch as one process
-(:class:`RankGroup`), as it saw one ``mpiexec`` of them before: signalled together, exited once
-all have, with the first failure's code; when one rank fails the others are killed (what
-``mpiexec`` does to a world that lost a rank).
+A fragment's launch on a pilot (:data:`~parsl_bf.pilot.wire.RANKS_KEY` in the ``launch``
+message) names ``count`` ranks, the ``first`` of which is rank ``first`` of the fragment's
+``of``. Each rank is its own MPI job and its own rendezvous group (``--group first+i --groups
+of``), so that a rank can be one prepared before the decision or, when none is ready, a cold
+``mpiexec -n 1`` of the same command: the two mix freely. The agent sees the ranks of one
+launch as one process (:class:`RankGroup`), as it saw one ``mpiexec`` of them before: signalled
+together, exited once all have, with the first failure's code; when one rank fails the others
+are killed (what ``mpiexec`` does to a world that lost a rank).
 
 :class:`RankPool` keeps one prepared rank starting or ready for each of its ``size`` rank
 slots, listening for them on a Unix socket in a private (0700) directory. Two kinds:
 
 * **relays**, on CPU nodes (``fork``): each an ``mpiexec -pmi-port -n 1`` of a bare
-  interpreter (:mod:`parsl_bf.training.relay`), which costs no warm-up. A take sends the job
+  interpreter (:mod:`parsl_bf.pilot.relay`), which costs no warm-up. A take sends the job
   and the relay's connection to the pool's rank host (:mod:`.warmhost` ``--ranks``), which has
   imported torch and the trainer once and forks the rank into the relay's MPI job. A taken
   relay is replaced as soon as it is ready (at once, if it was). A rank host that dies is
   replaced (its ranks live on); one that cannot warm up, or a launcher that gives its job no
   ``PMI_PORT`` (not MPICH's Hydra), turns the pool to standbys.
-* **standbys** (:mod:`parsl_bf.training.standby`), on GPU nodes (a CUDA context does not
+* **standbys** (:mod:`parsl_bf.pilot.standby`), on GPU nodes (a CUDA context does not
   survive a fork) or where forking cannot work: each a process that pays the imports and the
   first optimizer step before it is taken. A taken standby is replaced once its rank has
   exited: its warm-up (about 2 s of CPU) beside a rank that trains on the same core slows that
@@ -44,46 +44,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import environment
-from ..training import relay as relay_module
 from ..training.command import WORKER_MODULE
+from . import relay as relay_module
+from . import standby as standby_module
 from .warmhost import WarmHost, killpg
+from .wire import AGENT_MODULE
 
 __all__ = [
-    "RANKS_KEY",
     "RankGroup",
     "RankPool",
     "Standby",
     "killpg",
     "launch_ranks",
     "rank_argv",
-    "standbys_for",
 ]
 
-log = logging.getLogger("parsl_bf.executor.agent")
+log = logging.getLogger(AGENT_MODULE)
 
-#: The ``launch`` field that makes it a fragment's ranks: {"first", "count", "of", "mpiexec",
-#: "hosts"? (one per rank), "per_node"? (ranks to a node, one per GPU; default 1)}; ``argv`` is
-#: then one rank's worker command without ``--group``/``--groups``.
-RANKS_KEY = "ranks"
 #: With ``refill_while_busy``, a taken standby is replaced this much later: a replacement's
 #: imports would compete with the first steps of the fragment that took it.
 REFILL_DELAY_S = 2.0
-
-
-def standbys_for(nodes: Sequence[str], host: str, gpus: int) -> int:
-    """How many standby ranks a pilot's agent on ``host`` keeps: one for each rank that may run
-    on this host (a rank per GPU of each node, one per node without). When the host is one of
-    the pilot's ``nodes`` they are separate hosts, and only this one's ranks are warm here: a
-    standby is a process of this host, and the other hosts' ranks start cold (``mpiexec -hosts``
-    through the job's steps) since no agent runs there. Otherwise (emulated nodes, a loopback
-    cluster's nodes) every node is this host."""
-    here = 1 if host in nodes else len(nodes)
-    return max(1, here) * max(1, gpus)
 
 
 def rank_argv(argv: list[str], rank: int, ranks: int) -> list[str]:
@@ -94,7 +78,7 @@ def rank_argv(argv: list[str], rank: int, ranks: int) -> list[str]:
 @dataclass
 class Standby:
     """One standby: its ``mpiexec -n 1`` (its own process group) and, once ready, its socket.
-    A relay (:mod:`parsl_bf.training.relay`) is one whose rank the pool's rank host forks."""
+    A relay (:mod:`parsl_bf.pilot.relay`) is one whose rank the pool's rank host forks."""
 
     proc: subprocess.Popen
     sock: socket.socket | None = None  # once it said ready
@@ -226,7 +210,7 @@ class RankPool:
                 argv += ["-n", "1", sys.executable, "-I", "-S"]
                 argv.append(relay_module.__file__)
             else:
-                argv += ["-n", "1", sys.executable, "-m", "parsl_bf.training.standby"]
+                argv += ["-n", "1", sys.executable, "-m", standby_module.MODULE]
                 argv += ["--nice"] if nice else []
             argv += ["--connect", self.path, "--token", str(self._tokens)]
             try:

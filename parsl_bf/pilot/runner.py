@@ -1,22 +1,23 @@
-"""Run one plain Parsl app in a process of its own: ``python -m parsl_bf.executor.runner IN OUT``.
+"""Run one plain Parsl app in a process of its own: ``python -m parsl_bf.pilot.runner IN OUT``.
 
 ``IN`` holds ``parsl.serialize.pack_apply_message(func, args, kwargs)``. The runner calls the
 function and writes its outcome to ``OUT`` atomically (a temporary file, then a rename, so a
 reader never sees half a file): ``serialize({"result": value})`` or, if it raised,
 ``serialize({"exception": RemoteExceptionWrapper(...)})``, which keeps the remote traceback.
-:func:`read_outcome` reads it back for the executor.
+:func:`~parsl_bf.pilot.outcome.read_outcome` reads it back for the executor. The command line,
+the outcome and the exit codes are the contract of :mod:`parsl_bf.pilot.outcome`.
 
-The executor sends :func:`command` with ``"warm": true``: the agent runs it in a child forked
-from its warm host (:mod:`parsl_bf.executor.warmhost`), which has imported this module already,
-or as that command when it has no host.
+The executor sends :func:`~parsl_bf.pilot.outcome.command` with ``"warm": true``: the agent
+runs it in a child forked from its warm host (:mod:`parsl_bf.pilot.warmhost`), which has
+imported this module already, or as that command when it has no host.
 
 Exit 0 in both cases: the exception travels in the file. Exit 2 on bad input (wrong arguments,
 unreadable ``IN``, a buffer that does not unpack); the message goes to stderr and, when ``OUT``
 can be written, an exception outcome saying the same goes there. Exit 3 when the app ran but
 its outcome could not be written to ``OUT``, 4 when that was for want of space (a full disk,
 whose stderr file may not take the message either). The executor fails such an app with
-:func:`no_outcome_error` rather than running it again as if it had been killed: it would find
-the same disk.
+:func:`~parsl_bf.pilot.outcome.no_outcome_error` rather than running it again as if it had
+been killed: it would find the same disk.
 """
 
 from __future__ import annotations
@@ -33,38 +34,17 @@ from typing import Any
 from parsl.app.errors import RemoteExceptionWrapper
 from parsl.serialize import deserialize, serialize, unpack_apply_message
 
-__all__ = [
-    "RunnerError",
-    "UnpicklableError",
-    "command",
-    "command_args",
-    "main",
-    "no_outcome_error",
-    "read_outcome",
-]
+from .outcome import (
+    EXIT_BAD_INPUT,
+    EXIT_NO_OUTCOME,
+    EXIT_NO_SPACE,
+    EXIT_OK,
+    MODULE,
+    RunnerError,
+    UnpicklableError,
+)
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_OUTCOME, EXIT_NO_SPACE = 0, 2, 3, 4
-MODULE = "parsl_bf.executor.runner"
-
-
-def command(src: str | os.PathLike[str], out: str | os.PathLike[str], python: str | None = None):
-    """The runner's command line, ``[python, -m, parsl_bf.executor.runner, IN, OUT]``."""
-    return [python or sys.executable, "-m", MODULE, str(src), str(out)]
-
-
-def command_args(argv: list[str]) -> tuple[str, str] | None:
-    """``(IN, OUT)`` if ``argv`` is a :func:`command` (whatever its Python), else ``None``."""
-    if len(argv) == 5 and argv[1:3] == ["-m", MODULE]:
-        return argv[3], argv[4]
-    return None
-
-
-class RunnerError(RuntimeError):
-    """The runner could not run the app: its input is missing or does not unpack."""
-
-
-class UnpicklableError(RuntimeError):
-    """Stands for an app's exception that could not be serialised: its type, text, traceback."""
+__all__ = ["main"]
 
 
 def _write(path: str | os.PathLike[str], data: bytes) -> None:
@@ -104,42 +84,6 @@ def _result_outcome(value: Any) -> bytes:
         return _exception_outcome(exc)
 
 
-def read_outcome(path: str | os.PathLike[str]) -> tuple[bool, Any]:
-    """``(True, value)`` or ``(False, exception)`` from a runner's ``OUT`` file.
-
-    The exception is the app's own (its remote traceback attached) when it could be
-    serialised, else an :class:`UnpicklableError` with its type, text and traceback.
-    Raises ``OSError`` if the file is missing, :class:`RunnerError` if it is not an outcome.
-    """
-    try:
-        outcome = deserialize(Path(path).read_bytes())
-    except OSError:
-        raise
-    except Exception as exc:
-        raise RunnerError(f"{path}: not a runner outcome: {exc}") from exc
-    if isinstance(outcome, dict) and "result" in outcome:
-        return True, outcome["result"]
-    if isinstance(outcome, dict) and "exception" in outcome:
-        exc = outcome["exception"]
-        if isinstance(exc, RemoteExceptionWrapper):
-            exc = exc.get_exception()
-        return False, exc
-    raise RunnerError(f"{path}: not a runner outcome: {type(outcome).__name__}")
-
-
-def no_outcome_error(code: int, out: str | os.PathLike[str], said: str) -> Exception | None:
-    """What went wrong with an app whose runner exited with ``code`` leaving no outcome in
-    ``out``, as the runner said it (``said``: the last line of its stderr, if any); None when
-    it did not say (a process killed, with its pilot or not)."""
-    if code == EXIT_NO_SPACE:  # its message may be lost with the disk: the code says it all
-        error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out))
-        error.add_note("The app ran, but its outcome could not be written.")
-        return error
-    if code in (EXIT_NO_OUTCOME, EXIT_BAD_INPUT):
-        return RunnerError(f"runner exit {code}, no outcome in {out}: {said or '(no message)'}")
-    return None
-
-
 def _say(message: str) -> None:
     """A line on stderr, if its file takes it (on a full disk it may not: the code says it)."""
     with contextlib.suppress(OSError):
@@ -160,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the app in ``IN``, write its outcome to ``OUT``; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m parsl_bf.executor.runner IN OUT", file=sys.stderr)
+        print(f"usage: python -m {MODULE} IN OUT", file=sys.stderr)
         return EXIT_BAD_INPUT
     src, out = args
     try:
@@ -181,11 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as the importable module, not as __main__: the exceptions defined here must pickle
-    # by reference to parsl_bf.executor.runner for the executor to unpickle them.
-    from parsl_bf.executor.runner import main as _main
-
-    _code = _main()
+    _code = main()
     for _stream in (sys.stdout, sys.stderr):
         try:
             _stream.flush()

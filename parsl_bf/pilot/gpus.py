@@ -14,11 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .. import environment
+from .wire import MAX_GPUS
 
 __all__ = ["MAX_GPUS", "node_gpus", "visible_gpus"]
-
-#: A bound on what an agent may report (a registration is untrusted input).
-MAX_GPUS = 64
 
 #: The NVIDIA driver's directory of one entry per device it drives.
 DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")

@@ -1,9 +1,9 @@
 """A rank relay: the MPI job of one rank that the agent's warm host forks, not starts.
 
-    mpiexec -pmi-port -n 1 python -I -S .../parsl_bf/training/relay.py --connect SOCKET --token N
+    mpiexec -pmi-port -n 1 python -I -S .../parsl_bf/pilot/relay.py --connect SOCKET --token N
 
 On a CPU node a fragment's rank is forked from the pilot's rank host
-(:mod:`parsl_bf.executor.warmhost` with ``--ranks``), which imported torch and the trainer once,
+(:mod:`parsl_bf.pilot.warmhost` with ``--ranks``), which imported torch and the trainer once,
 so that a start costs no interpreter, imports or first optimizer step. MPICH still needs each
 rank to be an ``mpiexec`` job of its own (ranks of different jobs join through
 :mod:`.rendezvous`; singletons cannot, MPICH gives them one world id). This process is that

@@ -3,7 +3,7 @@
 Reads the bftrainer-dev format (``trace/events.csv.gz`` + ``trace/nodes.csv`` + ``meta.json``,
 documented in the data's README): the state of every node at t = 0, then state changes. A node
 subset is taken by column order (``col_index``), as the original replayer's ``-nN``/``-nis``
-options do. The files are checked as untrusted input (see :mod:`parsl_bf.replay.errors`): node
+options do. The files are checked as untrusted input (see :mod:`parsl_bf.inputs.errors`): node
 names and column indices unique, times whole seconds within bounds, ``meta.json``'s ``end_s``
 not before the last event.
 """
@@ -158,9 +158,9 @@ def load_trace(
 ) -> IdleTrace:
     """The trace of ``n_nodes`` nodes from column ``node_offset`` on (all nodes by default).
 
-    Bounded: at most :data:`~parsl_bf.replay.errors.MAX_NODES` nodes and
-    :data:`~parsl_bf.replay.errors.MAX_EVENTS` events, times in whole seconds up to
-    :data:`~parsl_bf.replay.errors.MAX_SECONDS`; any other content is a ReplayInputError.
+    Bounded: at most :data:`~parsl_bf.inputs.errors.MAX_NODES` nodes and
+    :data:`~parsl_bf.inputs.errors.MAX_EVENTS` events, times in whole seconds up to
+    :data:`~parsl_bf.inputs.errors.MAX_SECONDS`; any other content is a ReplayInputError.
     """
     trace_dir = Path(trace_dir)
     nodes_csv = trace_dir / "nodes.csv"

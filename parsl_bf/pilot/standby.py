@@ -1,8 +1,8 @@
 """A warm rank: a process that becomes one rank of a fragment without starting an interpreter.
 
-    mpiexec -n 1 python -m parsl_bf.training.standby --connect SOCKET --token N [--nice]
+    mpiexec -n 1 python -m parsl_bf.pilot.standby --connect SOCKET --token N [--nice]
 
-A pilot's agent keeps a few of these per node (:mod:`parsl_bf.executor.ranks`). Each is an MPI
+A pilot's agent keeps a few of these per node (:mod:`parsl_bf.pilot.ranks`). Each is an MPI
 job of one rank (so that ranks of different standbys can join one communicator through the
 rendezvous of :mod:`.rendezvous`: MPICH gives every ``mpiexec`` a world of its own, which
 singletons started without one do not have). It pays the start-up of a rank before any
@@ -34,7 +34,10 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["JOB_KEYS", "main", "warm_up"]
+__all__ = ["JOB_KEYS", "MODULE", "main", "warm_up"]
+
+#: The standby's module (``python -m``).
+MODULE = "parsl_bf.pilot.standby"
 
 #: The fields of a job.
 JOB_KEYS = ("argv", "env", "cwd", "stdout", "stderr")
@@ -45,7 +48,7 @@ def warm_up() -> None:
     import torch
     from mpi4py import MPI  # noqa: F401  (MPI_Init)
 
-    from . import worker  # noqa: F401  (the trainer, checkpoints, reports)
+    from ..training import worker  # noqa: F401  (the trainer, checkpoints, reports)
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -110,7 +113,7 @@ def _take(job: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="parsl_bf.training.standby", description=__doc__)
+    ap = argparse.ArgumentParser(prog=MODULE, description=__doc__)
     ap.add_argument("--connect", required=True, help="the agent's Unix socket")
     ap.add_argument("--token", type=int, required=True, help="who this is, to the agent")
     ap.add_argument(
@@ -132,14 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     assigned_at = time.time()
     sock.close()
     if args.nice and not _renice(niceness):  # alone on its node, a rank trains as fast
-        print("parsl_bf.training.standby: rank stays at niceness 19", file=sys.stderr)
+        print(f"{MODULE}: rank stays at niceness 19", file=sys.stderr)
     _take(job)
-    from . import worker
+    from ..training import worker
 
     return worker.main([str(a) for a in job["argv"]], started_at=assigned_at)
 
 
 if __name__ == "__main__":
-    from .worker import run
+    from ..training.worker import run
 
     run(main)

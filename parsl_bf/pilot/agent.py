@@ -1,6 +1,6 @@
 """The pilot agent: runs inside each pilot job and starts processes for the executor.
 
-``python -m parsl_bf.executor.agent --url URL --secret-file FILE [--heartbeat-s 1.0]
+``python -m parsl_bf.pilot.agent --url URL --secret-file FILE [--heartbeat-s 1.0]
 [--warm-ranks MPIEXEC]``
 
 It registers with the executor's :class:`~parsl_bf.executor.channel.PilotServer` (who it is:
@@ -18,8 +18,8 @@ started, KILLs what is left :data:`LOST_GRACE_S` later, and exits 4: the ranks o
 do not go on training.
 
 Plain apps (a ``launch`` with ``"warm": true`` whose argv is :func:`runner.command
-<parsl_bf.executor.runner.command>`) are forked from the agent's warm host
-(:mod:`parsl_bf.executor.warmhost`, one per pilot, started with its first plain app: a pilot
+<parsl_bf.pilot.outcome.command>`) are forked from the agent's warm host
+(:mod:`parsl_bf.pilot.warmhost`, one per pilot, started with its first plain app: a pilot
 that runs only fragments does not pay for its imports), not started as processes of their
 own; to the executor they are processes as any other: their own group, signalled by key, their
 exit reported. A host that dies is replaced, and the apps it had are reported as exited with -9
@@ -27,11 +27,11 @@ exit reported. A host that dies is replaced, and the apps it had are reported as
 cannot start here) is not, and plain apps run as subprocesses.
 
 Fragments' ranks (a ``launch`` with ``"ranks"``) start on the agent's
-:class:`~parsl_bf.executor.ranks.RankPool` (kept once the executor says ``warm_ranks``: there
+:class:`~parsl_bf.pilot.ranks.RankPool` (kept once the executor says ``warm_ranks``: there
 is training to do), each rank its own MPI job: on a CPU node forked from the pool's rank host
 into a relay's ``mpiexec`` (``PARSL_BF_FORK_RANKS=0``: not), on a GPU node a standby rank,
 cold (``mpiexec -n 1``) when none is ready; the ranks of one launch are one process to the
-executor (:class:`~parsl_bf.executor.ranks.RankGroup`).
+executor (:class:`~parsl_bf.pilot.ranks.RankGroup`).
 A pilot submitted once there is training (``--warm-ranks MPIEXEC``) starts its standbys, one per
 node and GPU, before it registers: their imports then overlap the pilot's registration and the
 executor's decision, instead of following them, and a fragment's first start on a fresh pilot
@@ -59,14 +59,23 @@ from typing import Any
 import zmq
 
 from .. import environment
-from .channel import SILENCE_S, AgentSession, RefusalLog, client_socket, read_secret
 from .gpus import node_gpus
-from .ranks import RANKS_KEY, RankGroup, RankPool, killpg, launch_ranks, standbys_for
+from .ranks import RankGroup, RankPool, killpg, launch_ranks
 from .warmhost import WarmHost, WarmProc
+from .wire import (
+    AGENT_MODULE,
+    RANKS_KEY,
+    SILENCE_S,
+    AgentSession,
+    RefusalLog,
+    client_socket,
+    read_secret,
+    standbys_for,
+)
 
 __all__ = ["Agent", "Identity", "main"]
 
-log = logging.getLogger("parsl_bf.executor.agent")
+log = logging.getLogger(AGENT_MODULE)
 
 EXIT_OK, EXIT_USAGE, EXIT_NO_WELCOME, EXIT_LOST = 0, 2, 3, 4
 
@@ -226,9 +235,9 @@ class Agent:
             if msg.get("warm"):
                 # Imported here: the runner's module imports Parsl (0.5 s of CPU), which an
                 # agent that runs only fragments never needs, at the start of every pilot.
-                from . import runner
+                from . import outcome
 
-                args = runner.command_args(argv)
+                args = outcome.command_args(argv)
                 if args is not None and self.host is None and not self._host_broken:
                     self._start_host()  # the app waits for its imports, as a process would
             if args is not None and self.host is not None:
@@ -549,7 +558,7 @@ def _signal(proc: subprocess.Popen | WarmProc | RankGroup, sig: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m parsl_bf.executor.agent", description=__doc__)
+    parser = argparse.ArgumentParser(prog=f"python -m {AGENT_MODULE}", description=__doc__)
     parser.add_argument("--url", required=True, help="the executor's pilot server, tcp://HOST:PORT")
     parser.add_argument("--secret-file", required=True, help="the executor's secret (0600 file)")
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="seconds between beats")

@@ -1,4 +1,5 @@
-"""Errors in replay input files, and the bounded readers that raise them.
+"""Errors in input files (idle-node traces, job sets, SWF logs), and the bounded readers that
+raise them.
 
 Trace, job-set and SWF files are input, not trusted: every reader here is bounded (file and
 line sizes, counts) and turns any malformed content (binary data, truncated or random gzip,

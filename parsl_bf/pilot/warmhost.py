@@ -1,7 +1,7 @@
 """The warm host: runs plain apps in workers forked once from a process that has imported the
 runner already.
 
-``python -m parsl_bf.executor.warmhost FD``, started by the agent (one per pilot, with its first
+``python -m parsl_bf.pilot.warmhost FD``, started by the agent (one per pilot, with its first
 plain app), ``FD`` its end of a Unix socket pair. Starting a Python that imports Parsl and
 unpacks the app costs about a second per plain app, and even a fork of this process costs
 3.7 ms; the host pays them once, as HTEX's worker pool does. It stays single-threaded (no
@@ -13,18 +13,18 @@ gives it to an idle worker, forking one if none is idle. A worker is in a sessio
 worker's pid). For each app it restores what a fresh interpreter would have: the environment
 it was forked with plus ``env`` (``PYTHONPATH`` entries in ``sys.path`` too), ``cwd``, default
 signal handlers, no ``atexit`` handlers; it points fds 0, 1, 2 at ``/dev/null``, ``stdout`` and
-``stderr`` (appending), runs :func:`parsl_bf.executor.runner.main` on ``[src, out]``, runs the
+``stderr`` (appending), runs :func:`parsl_bf.pilot.runner.main` on ``[src, out]``, runs the
 app's ``atexit`` handlers, and KILLs what the app left in its process group. The host answers
 ``{key, pid}`` once a worker has the app and ``{key, code, alive: true}`` when it is done, or
 ``{key, code}`` (negative: killed by that signal, as :attr:`subprocess.Popen.returncode` says)
 when the worker died with it, in that order per key.
 
-``python -m parsl_bf.executor.warmhost FD --ranks`` is a rank host instead, one per pilot on a
-CPU node, started by the agent's :class:`~parsl_bf.executor.ranks.RankPool`: it imports torch,
+``python -m parsl_bf.pilot.warmhost FD --ranks`` is a rank host instead, one per pilot on a
+CPU node, started by the agent's :class:`~parsl_bf.pilot.ranks.RankPool`: it imports torch,
 mpi4py (without initialising MPI) and the trainer and does one optimizer step
 (:func:`warm_ranks`), says ``{ready}``, and then forks one rank per request: the job of a
-standby rank (:mod:`parsl_bf.training.standby`) plus the ``pmi`` address, ``relay`` pid and
-start time ``at`` of a relay (:mod:`parsl_bf.training.relay`), whose connection comes with
+standby rank (:mod:`parsl_bf.pilot.standby`) plus the ``pmi`` address, ``relay`` pid and
+start time ``at`` of a relay (:mod:`parsl_bf.pilot.relay`), whose connection comes with
 the request (``SCM_RIGHTS``). The rank is what the standby would have been, in a session of its
 own: it initialises MPI in its relay's job, runs :func:`parsl_bf.training.worker.main`, and
 hands its exit code to the relay (:func:`_rank`). A rank does not depend on its host: the agent
@@ -58,7 +58,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-__all__ = ["WarmHost", "WarmProc", "killpg", "main", "serve", "warm_ranks"]
+__all__ = ["MODULE", "WarmHost", "WarmProc", "killpg", "main", "serve", "warm_ranks"]
+
+#: The host's module (``python -m``).
+MODULE = "parsl_bf.pilot.warmhost"
 
 #: Signals the agent handles (a preemption); the host leaves them to it.
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -155,7 +158,7 @@ def warm_ranks() -> None:
     import torch
 
     torch.set_num_threads(1)  # no OpenMP pool here; each rank sizes its own (share_cores)
-    from ..training import standby
+    from . import standby
 
     standby.warm_up()
 
@@ -448,7 +451,7 @@ class WarmHost:
 
     def __init__(self, ranks: bool = False) -> None:
         ours, theirs = socket.socketpair()
-        argv = [sys.executable, "-m", "parsl_bf.executor.warmhost", str(theirs.fileno())]
+        argv = [sys.executable, "-m", MODULE, str(theirs.fileno())]
         try:
             self.proc = subprocess.Popen(
                 [*argv, "--ranks"] if ranks else argv,
@@ -479,7 +482,7 @@ class WarmHost:
 
     def fork_rank(self, request: dict[str, Any], relay: int) -> None:
         """Have a rank host fork the rank of ``request`` for the relay connected on fd
-        ``relay`` (sent along, :mod:`parsl_bf.training.relay`); raises OSError if the host is
+        ``relay`` (sent along, :mod:`parsl_bf.pilot.relay`); raises OSError if the host is
         gone. The rank's signals and exit go through its relay's ``mpiexec``, so it is not
         tracked here."""
         self._send(request, relay)
@@ -571,7 +574,7 @@ def serve(fd: int, parent: int | None = None, ranks: bool = False) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2) or not args[0].isdigit() or args[1:] not in ([], ["--ranks"]):
-        print("usage: python -m parsl_bf.executor.warmhost FD [--ranks]", file=sys.stderr)
+        print(f"usage: python -m {MODULE} FD [--ranks]", file=sys.stderr)
         return 2
     parent = os.getppid()
     _die_with_parent()
@@ -581,6 +584,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from parsl_bf.executor.warmhost import main as _main  # the importable module, not __main__
+    from parsl_bf.pilot.warmhost import main as _main  # the importable module, not __main__
 
     sys.exit(_main())
