@@ -173,16 +173,23 @@ def test_a_preempted_hosts_ranks_leave_and_the_fragment_trains_on_the_other(
     hosts, tmp_path: Path, monkeypatch
 ) -> None:
     """Two one-node pilots on two hosts, one fragment over both; a main job preempts one of
-    them: its rank leaves, the other host's trains on (``min_nodes`` 1 stays), no work lost."""
+    them: its rank leaves, the other host's trains on (``min_nodes`` 1 stays), no restart.
+    The task never runs out of work, so it outlives the preemption however fast it trains:
+    the test ends once a step at one node follows the preemption."""
     import parsl
 
     from parsl_bf.executor import elastic_app
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     train = elastic_app(
-        "parsl_bf.training.examples:digits_cnn", work=30_000, min_nodes=1, max_nodes=2
+        "parsl_bf.training.examples:digits_cnn", work=10**9, min_nodes=1, max_nodes=2
     )
     executor_config = _config(hosts, tmp_path, nodes=1, blocks=2)
+
+    def trained_on_after_the_preemption() -> bool:
+        worlds = _worlds(tmp_path)
+        return executor.preemptions >= 1 and 1 in worlds[worlds.index(2) :]
+
     with parsl.load(executor_config):
         executor = executor_config.executors[0]
         future = train(lr=0.05, width=8, global_batch=BATCH)
@@ -190,13 +197,11 @@ def test_a_preempted_hosts_ranks_leave_and_the_fragment_trains_on_the_other(
         pilots = run(hosts, "squeue", "-h", "-p", "backfill", "-t", "R", "-o", "%N").split()
         assert len(set(pilots)) == 2, pilots  # one pilot on each of two hosts
         sbatch(hosts, "main", 1, "sleep 20", "-w", pilots[-1], "--time=1")
-        result = future.result(timeout=600)
-        preemptions = executor.preemptions
+        until(trained_on_after_the_preemption, 300)
+        assert not future.done()
     parsl.clear()
-    assert result["status"] == "done" and result["samples"] == 30_000
-    assert result["restarts"] == 0 and preemptions >= 1
-    worlds = _worlds(tmp_path)
-    assert 1 in worlds[worlds.index(2) :], worlds  # trained on one host after the preemption
+    events = [line for f in tmp_path.rglob("events.jsonl") for line in f.read_text().splitlines()]
+    assert not [e for e in events if '"fragment_failed"' in e]  # the preemption cost no restart
 
 
 def test_a_rank_killed_on_the_other_host_resumes_from_the_checkpoint(
