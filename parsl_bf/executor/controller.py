@@ -104,36 +104,51 @@ from ..allocation import (
 from ..decisions import IN_PLACE_REASONS, grows_in_place, trains_on_in_place
 from .lifecycle import (
     E_SLACK,
+    LAUNCH_FAILED,
     AppCrashed,
     Command,
     Evaluated,
     Event,
     Fail,
+    FragmentOver,
     FragmentReady,
     FragmentStarted,
     GrowFragment,
+    LaunchFailed,
     MarkLost,
     Note,
+    Outlook,
     PilotGone,
     PilotLeaving,
     PilotUp,
     Placement,
     ProcessExited,
     Progress,
+    RankGroup,
     Rescaled,
     Resolve,
     RunPlain,
     ShrinkFragment,
     Signal,
+    Solved,
     StartFragment,
     TaskSubmitted,
     Tick,
+    WriteStatus,
     fragment_key,
     launch_failed,
     parse_key,
 )
 
-__all__ = ["Controller", "ElasticTask", "PlainTask", "PilotView", "Fragment", "node_id"]
+__all__ = [
+    "Controller",
+    "ElasticTask",
+    "PlainTask",
+    "PilotView",
+    "Fragment",
+    "node_id",
+    "renumbered",
+]
 
 # A node is named "<pilot>/<host>": the same host may come back in another pilot.
 Node = str
@@ -166,6 +181,12 @@ class PilotView:
     hosts: tuple[str, ...]
     ends_at: float | None
     leaving: bool = False
+    gpus: int = 0  # on each node
+
+    @property
+    def ranks_per_node(self) -> int:
+        """A fragment's ranks on each of its nodes: one per GPU, one on CPU nodes."""
+        return max(1, self.gpus)
 
     @property
     def nodes(self) -> list[Node]:
@@ -304,6 +325,8 @@ class Fragment:
     lost: bool = False  # a launcher went with its pilot
     code: int = 0  # the first non-zero exit code
     placement: Placement = ()  # as started: launcher g runs the hosts of placement[g]
+    # launcher g's ranks as numbered now: (first rank, ranks); a shrink renumbers them
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     leaving: set[str] = field(default_factory=set)  # launchers an in-place shrink lets go
     shrink_deadline: float | None = None  # stop it if they have not all left by then
     joining: set[str] = field(default_factory=set)  # joiner launchers of an in-place grow
@@ -416,6 +439,7 @@ class Controller:
         self.last_allocation: Allocation | None = None
         self.solves = 0
         self.preemptions = 0
+        self._outlook: Outlook | None = None  # the last one sent
         self.hole_lengths: list[float] = []
         # The run's accounting (docs/replay.md's metrics, measured): node-seconds offered by
         # pilots not leaving, node-seconds running tasks, and when it was last brought up to date.
@@ -440,11 +464,24 @@ class Controller:
             self._decide(now, out)
         # A process the same batch reported exited, or lost with its pilot, needs no signal.
         running = {(p, k) for f in self.fragments.values() for k, p in f.running.items()}
-        return [c for c in out if not isinstance(c, Signal) or (c.pilot, c.key) in running]
+        out = [c for c in out if not isinstance(c, Signal) or (c.pilot, c.key) in running]
+        outlook = Outlook(self.outstanding_nodes(), self.next_deadline(), self.preemptions)
+        if outlook != self._outlook:
+            self._outlook = outlook
+            out.append(outlook)
+        # Each tick, and when a task settles: rewriting it after every batch costs more than
+        # the decision itself at a thousand pilots.
+        if any(isinstance(e, Tick) for e in events) or any(
+            isinstance(c, Resolve | Fail) for c in out
+        ):
+            out.append(WriteStatus(self.status(now)))
+        return out
 
     def _on(self, event: Event, now: float, out: list[Command]) -> bool:
         if isinstance(event, PilotUp):
-            self.pilots[event.pilot] = PilotView(event.pilot, tuple(event.hosts), event.ends_at)
+            self.pilots[event.pilot] = PilotView(
+                event.pilot, tuple(event.hosts), event.ends_at, gpus=event.gpus
+            )
             if event.ends_at is not None:
                 self.hole_lengths.append(max(1.0, event.ends_at - now))
         elif isinstance(event, PilotLeaving):
@@ -459,7 +496,10 @@ class Controller:
         elif isinstance(event, TaskSubmitted):
             task = event.task
             (self.elastic if isinstance(task, ElasticTask) else self.plain)[task.id] = task
-        elif isinstance(event, ProcessExited):
+        elif isinstance(event, ProcessExited | LaunchFailed):
+            if isinstance(event, LaunchFailed):  # as a process that never ran, with why
+                result = (False, event.error) if parse_key(event.key)[1] is None else None
+                event = ProcessExited(event.pilot, event.key, LAUNCH_FAILED, result)
             task_id, generation, _group = parse_key(event.key)
             if generation is None:
                 return self._plain_exited(task_id, event, out)
@@ -554,7 +594,7 @@ class Controller:
             task_resizes=task.resizes_in_place,
         )
 
-    def shrinks_in_place(self, task: ElasticTask) -> bool:
+    def _shrinks_in_place(self, task: ElasticTask) -> bool:
         """Whether ``task``'s fragments are to let ranks leave in place at all: what their
         ranks' ``--leave-min`` follows (the executor gives it to those that do)."""
         return self.shrink_in_place and task.resizes_in_place
@@ -696,15 +736,16 @@ class Controller:
         self, task: ElasticTask, nodes: Sequence[Node], after: int | None, now: float
     ) -> StartFragment:
         task.nodes, task.generation = tuple(nodes), task.generation + 1
-        start = StartFragment(task.id, task.generation, _placement(nodes), after)
+        groups = self._rank_groups(_placement(nodes), 0)
+        start = StartFragment(
+            task.id, task.generation, groups, after, self._leave_min(task, groups)
+        )
         self.fragments[(task.id, task.generation)] = Fragment(
             task.id,
             task.generation,
-            {
-                fragment_key(task.id, task.generation, g): p
-                for g, (p, _) in enumerate(start.placement)
-            },
+            {fragment_key(task.id, task.generation, g): r.pilot for g, r in enumerate(groups)},
             placement=start.placement,
+            ranges={g: (r.first, r.count) for g, r in enumerate(groups)},
             # A warm successor's first step waits for its predecessor's stop, which waits for
             # the successor's readiness at most the hand-over's timeout.
             start_deadline=now
@@ -737,7 +778,8 @@ class Controller:
         fragment.resized_in_place = True
         task.releasing = tuple(n for n in task.nodes if n not in kept)
         task.nodes = tuple(n for n in task.nodes if n in kept)
-        return ShrinkFragment(task.id, task.generation, tuple(keep))
+        ranks, of, fragment.ranges = renumbered(fragment.ranges, tuple(keep))
+        return ShrinkFragment(task.id, task.generation, tuple(keep), ranks, of)
 
     def _grow(self, task: ElasticTask, nodes: Sequence[Node], now: float) -> GrowFragment | None:
         """An in-place grow of ``task``'s running fragment to ``nodes`` (all of its own and
@@ -749,6 +791,9 @@ class Controller:
             return None
         placement = _placement(n for n in nodes if n not in set(task.nodes))
         first = len(fragment.placement)  # groups are never renumbered: keys stay unique
+        world = sum(count for _, count in fragment.ranges.values())
+        groups = self._rank_groups(placement, world)  # numbered in the grown fragment
+        fragment.ranges |= {first + i: (r.first, r.count) for i, r in enumerate(groups)}
         keys = {
             fragment_key(task.id, task.generation, first + i): pilot
             for i, (pilot, _) in enumerate(placement)
@@ -758,7 +803,26 @@ class Controller:
         fragment.joining, fragment.grow_deadline = set(keys), now + self.handover_timeout_s
         fragment.resized_in_place = True
         task.nodes = tuple(nodes)
-        return GrowFragment(task.id, task.generation, placement, first)
+        leave_min = self._leave_min(task, groups)
+        return GrowFragment(task.id, task.generation, groups, first, world, leave_min)
+
+    def _rank_groups(self, placement: Placement, first: int) -> tuple[RankGroup, ...]:
+        """The ranks of one launcher per ``placement`` group, numbered from ``first``."""
+        groups = []
+        for pilot, hosts in placement:
+            view = self.pilots.get(pilot)
+            per = view.ranks_per_node if view is not None else 1
+            groups.append(RankGroup(pilot, hosts, first, len(hosts) * per, per))
+            first += len(hosts) * per
+        return tuple(groups)
+
+    def _leave_min(self, task: ElasticTask, groups: Sequence[RankGroup]) -> int | None:
+        """The ranks' side of :meth:`_trains_on` (:func:`~parsl_bf.decisions
+        .trains_on_in_place` on ranks instead of nodes): the ranks of ``min_nodes`` nodes,
+        for the fragments of a task that shrinks in place; None for the others."""
+        if not self._shrinks_in_place(task):
+            return None
+        return task.min_nodes * max(g.per_node for g in groups)
 
     def _grown(self, task: ElasticTask, out: list[Command]) -> None:
         """The task's fragment took its first step with its joiners."""
@@ -828,6 +892,7 @@ class Controller:
             self._stop(task_id, generation, "a group ended", now, out)
             return False
         del self.fragments[(task_id, generation)]
+        out.append(FragmentOver(task_id, generation))
         self._fragment_ended(fragment, now, out)
         return True
 
@@ -1107,6 +1172,41 @@ class Controller:
                     rates.setdefault(n, []).extend(measured)
         return out
 
+    def status(self, now: float) -> dict[str, Any]:
+        """``parsl-bf status``'s snapshot (:class:`~parsl_bf.executor.lifecycle.WriteStatus`)."""
+        alloc = self.last_allocation
+        return {
+            "pilots": [
+                {
+                    "pilot": v.pilot,
+                    "nodes": list(v.hosts),
+                    "ends_in_s": None if v.ends_at is None else round(v.ends_at - now),
+                    "leaving": v.leaving,
+                }
+                for v in self.pilots.values()
+            ],
+            "tasks": [
+                {
+                    "task": t.id,
+                    "state": t.state,
+                    "nodes": len(t.nodes),
+                    "samples": t.samples,
+                    "work": t.work,
+                    "rate": _last_rate(t),
+                    "metrics": t.metrics,
+                }
+                for t in self.elastic.values()
+            ],
+            "plain": {
+                s: sum(1 for t in self.plain.values() if t.state == s)
+                for s in ("queued", "running", "done")
+            },
+            "solves": self.solves,
+            "last_solve_s": None if alloc is None else alloc.solve_s,
+            "preemptions": self.preemptions,
+            "accounting": self.efficiency(),
+        }
+
     def outstanding_nodes(self) -> int:
         """Nodes the tasks could use now: what the scaling loop asks pilots for."""
         plain = sum(1 for t in self.plain.values() if t.state in ("queued", "running"))
@@ -1161,7 +1261,7 @@ class Controller:
         for task in candidates:
             nodes, rates = task.curve(families.get(task.family))
             cost = task.rescale_cost()
-            down = task.shrink_cost() if self.shrinks_in_place(task) else cost
+            down = task.shrink_cost() if self._shrinks_in_place(task) else cost
             up = task.grow_cost() if self.grow_in_place and task.resizes_in_place else cost
             # A task handing over, or resizing in place, keeps its size at this decision: plan
             # around it as it is.
@@ -1197,6 +1297,7 @@ class Controller:
         )
         allocation = self.allocator(problem)
         self.last_allocation, self.solves = allocation, self.solves + 1
+        out.append(Solved(allocation.solve_s))
         node_plan = plan(
             allocation.counts,
             {t.id: t.nodes for t in candidates},
@@ -1260,6 +1361,27 @@ class Controller:
             elif step.nodes:
                 task.state = "running"
                 out.append(self._start(task, step.nodes, after=None, now=now))
+
+
+def renumbered(
+    ranges: dict[int, tuple[int, int]], keep: tuple[int, ...]
+) -> tuple[tuple[int, ...], int, dict[int, tuple[int, int]]]:
+    """An in-place shrink to the launchers ``keep`` of a fragment whose launchers hold
+    ``ranges`` (group → (first rank, ranks), as the ranks are numbered now): the ranks that
+    stay, the world they are ranks of, and the ranges after it. The kept ranks keep their
+    order and are numbered from 0 (``Comm.Split``)."""
+    ranks = tuple(r for g in sorted(keep) for r in range(ranges[g][0], sum(ranges[g])))
+    of = sum(count for _, count in ranges.values())
+    after, first = {}, 0
+    for g in sorted(keep):
+        after[g] = (first, ranges[g][1])
+        first += ranges[g][1]
+    return ranks, of, after
+
+
+def _last_rate(task: ElasticTask) -> float | None:
+    rates = task.measured.get(len(task.nodes))
+    return rates[-1] if rates else None
 
 
 def _resizes(result: dict[str, Any] | None) -> bool:

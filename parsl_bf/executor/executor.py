@@ -77,30 +77,36 @@ from .channel import PilotServer
 from .controller import Controller, ElasticTask, PlainTask
 from .events import EventLog
 from .lifecycle import (
-    LAUNCH_FAILED,
+    DECISIONS,
     Command,
     Evaluated,
     Event,
     Fail,
+    FragmentOver,
     FragmentReady,
     FragmentStarted,
     GrowFragment,
+    LaunchFailed,
     MarkLost,
     Note,
+    Outlook,
     PilotGone,
     PilotLeaving,
     PilotUp,
     ProcessExited,
     Progress,
+    RankGroup,
     Rescaled,
     Resolve,
     RunPlain,
     ShrinkFragment,
     Signal,
+    Solved,
     StartFragment,
     TaskDir,
     TaskSubmitted,
     Tick,
+    WriteStatus,
     fragment_key,
     launch_failed,
     parse_key,
@@ -134,6 +140,8 @@ class _Submission:
     future: Future
     directory: TaskDir
     key: str | None = None  # an elastic task's checkpoint key, while it is live
+    # An elastic task's worker: its TrainingTask factory, work (samples) and options.
+    trainer: tuple[str, int, dict[str, Any]] | None = None
 
 
 class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
@@ -308,6 +316,9 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._keys: set[str] = set()  # checkpoint keys of this run's elastic tasks
         self._reports: dict[str, ReportTail] = {}  # task → its progress.jsonl, read so far
         self._ready: dict[tuple[str, int], Path] = {}  # warm successors' ready files to watch
+        self._live: set[tuple[str, int]] = set()  # fragments started and not yet over
+        # The controller's latest Outlook: what this shell acts on between its batches.
+        self._outlook = Outlook(0, None, 0)
         self._count = 0
         # (pilot, process key) of each launch sent while carrying out the current command: a
         # launch command that fails half-way KILLs these (:meth:`_not_carried_out`)
@@ -323,7 +334,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
 
     @property
     def preemptions(self) -> int:
-        return self.controller.preemptions
+        """Pilots preempted so far (not those Parsl's scaling cancelled)."""
+        return self._outlook.preemptions
 
     # --- Parsl's executor interface ---------------------------------------------------------
 
@@ -372,8 +384,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
 
     def outstanding(self) -> int:
         """Nodes the tasks could use: Parsl's scaling asks for pilots while this is positive."""
-        with self._lock:
-            return self.controller.outstanding_nodes()
+        return self._outlook.demand
 
     def scale_out_facade(self, n: int) -> list[str]:
         """Submit ``n`` pilots (Parsl's strategy calls this), unless the error handler holds
@@ -436,7 +447,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 self._keys.discard(key)
             raise
         future: Future = Future()
-        self._submissions[task_id] = _Submission(future, directory, key)
+        sub = self._submissions[task_id] = _Submission(future, directory, key)
         task: ElasticTask | PlainTask
         if spec:
             finished = _read_json(directory.outcome)
@@ -467,6 +478,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 scaling={int(k): float(v) for k, v in (spec.get("scaling") or {}).items()},
                 rescale_s=float(spec.get("rescale_s", self.rescale_s)),
             )
+            sub.trainer = (task.task, task.work, task.options)
         else:
             task = PlainTask(task_id)
         self._arrived(TaskSubmitted(task))
@@ -495,8 +507,13 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             time.sleep(0.5)
             self.server.stop()
         if self.event_log is not None:
+            # The final state, for parsl-bf status and the report: a last tick, of which only
+            # the status is carried out (the pilots have been told to shut down).
             with self._lock:
-                self._write_status()  # the final state, for parsl-bf status and the report
+                final = self.controller.handle([Tick()], time.time())
+            for command in final:
+                if isinstance(command, WriteStatus):
+                    self._write_status(command.snapshot)
             self.event_log.emit("shutdown")
         if getattr(self, "_log_handler", None) is not None:
             logging.getLogger("parsl_bf").removeHandler(self._log_handler)
@@ -512,8 +529,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         next_tick = 0.0
         ticked_for = None  # the walltime notice a Tick was added for (once each)
         while not self._stop.is_set():
-            with self._lock:
-                deadline = self.controller.next_deadline()  # a pilot's walltime notice
+            deadline = self._outlook.wake_at  # a pilot's walltime notice
             if deadline == ticked_for:
                 deadline = None
             wake = next_tick if deadline is None else min(next_tick, deadline)
@@ -561,34 +577,25 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._warm(events)
         now = time.time()
         with self._lock:
-            solves = self.controller.solves
             commands = self.controller.handle(events, now)
-            solved = self.controller.solves > solves
         for command in commands:
             self._sent = []
             try:
                 self._carry_out(command)
             except Exception as exc:  # a full disk: the batch's other commands still count
                 self._not_carried_out(command, exc)
-        alloc = self.controller.last_allocation
-        decided = [c for c in commands if not isinstance(c, Note)]
+        solved = [c.solve_s for c in commands if isinstance(c, Solved)]
+        decided = [c for c in commands if isinstance(c, DECISIONS)]
         if decided or solved or any(c.startswith("pilot") for c in causes):
             # From the batch's first arrival to its commands sent to the pilots.
             self.event_log.decision(
                 causes[0] if causes else "tick",
                 time.time() - min(t for t, _ in batch),
                 [_command_name(c) for c in decided],
-                alloc.solve_s if solved and alloc is not None else None,
+                solved[-1] if solved else None,
                 causes=causes,
                 events=len(events),
             )
-        # status.json once a second (each tick), and when a task settles: rewriting it after
-        # every batch costs more than the decision itself at a thousand pilots.
-        if any(isinstance(e, Tick) for e in events) or any(
-            isinstance(c, Resolve | Fail) for c in commands
-        ):
-            with self._lock:
-                self._write_status()
 
     def _warm(self, events: list[Event]) -> None:
         """Ask pilots for standby ranks (one per node), from the first elastic task on."""
@@ -612,7 +619,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         log_ = self.event_log
         if isinstance(item, Tick):
             return self._progress_of_live() + self._readiness() + [item]
-        if isinstance(item, FragmentReady | ProcessExited):  # seen between ticks; a failed launch
+        if isinstance(item, FragmentReady | LaunchFailed):  # seen between ticks; a failed launch
             return [item]
         if isinstance(item, TaskSubmitted):
             log_.emit(
@@ -621,7 +628,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             return [item]
         if isinstance(item, channel.PilotUp):
             log_.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at)
-            return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at)]
+            return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at, item.gpus)]
         if isinstance(item, channel.PilotPreempted):
             # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
             known = getattr(self.provider, "pilots", {}).get(item.pilot)
@@ -660,7 +667,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         return self._progress_of(task_id) + [ProcessExited(item.pilot, item.key, item.code, result)]
 
     def _progress_of_live(self) -> list[Event]:
-        return [e for t in {t for t, _ in self.controller.fragments} for e in self._progress_of(t)]
+        return [e for t in {t for t, _ in self._live} for e in self._progress_of(t)]
 
     def _progress_of(self, task_id: str) -> list[Event]:
         """New records of a task's progress report, as events."""
@@ -699,10 +706,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         """Write the grow request of each in-place grow whose joiners are all set up: the
         fragment takes them in at its next step, with no wait for one that is starting."""
         for key, (request, path) in list(self._grows.items()):
-            fragment = self.controller.fragments.get(key)
-            if fragment is None or fragment.stop_reason is not None:
-                del self._grows[key]  # it ends first: its joiners are stopped with it
-            elif request.joiners_ready():
+            if request.joiners_ready():
                 del self._grows[key]
                 request.write(path)
 
@@ -710,9 +714,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         """Warm successors whose ready file appeared."""
         out: list[Event] = []
         for (task_id, generation), path in list(self._ready.items()):
-            if (task_id, generation) not in self.controller.fragments:
-                del self._ready[(task_id, generation)]
-            elif path.exists():
+            if path.exists():
                 del self._ready[(task_id, generation)]
                 out.append(FragmentReady(task_id, generation))
         return out
@@ -729,9 +731,21 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         elif isinstance(command, RunPlain):
             self._run_plain(command)
         elif isinstance(command, Signal):
+            task_id, generation, _ = parse_key(command.key)
+            if command.signal == "TERM" and generation is not None:
+                self._grows.pop((task_id, generation), None)  # it ends before it grows
             self._send(
                 command.pilot, {"op": "signal", "key": command.key, "signal": command.signal}
             )
+        elif isinstance(command, FragmentOver):
+            key = (command.task, command.generation)
+            self._live.discard(key)
+            self._ready.pop(key, None)
+            self._grows.pop(key, None)
+        elif isinstance(command, Outlook):
+            self._outlook = command
+        elif isinstance(command, WriteStatus):
+            self._write_status(command.snapshot)
         elif isinstance(command, Resolve):
             sub = self._submissions[command.task]
             if sub.key is not None and command.value.get("status") == "done":
@@ -764,8 +778,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
 
     def _not_carried_out(self, command: Command, exc: Exception) -> None:
         """A command that raised (a full disk): one log line, and what the controller must
-        know. A launch is reported back as its processes' exits (:data:`LAUNCH_FAILED`), its
-        groups already sent KILLed, so that the controller classifies it as any failed start; a
+        know. A launch is reported back as :class:`LaunchFailed` for each of its processes not
+        sent (those sent are KILLed), which the controller classifies as any failed start; a
         task's future is set whatever else failed with its ``Resolve`` or ``Fail``."""
         why = f"{type(exc).__name__}: {exc}"
         log.error("%s: %s not carried out: %s", self.label, _command_label(command), why)
@@ -780,8 +794,7 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                     with contextlib.suppress(Exception):
                         self._send(pilot, {"op": "signal", "key": key, "signal": "KILL"})
                 else:  # a plain app fails with the error; a fragment's start is a failure
-                    result = (False, exc) if isinstance(command, RunPlain) else None
-                    self._arrived(ProcessExited(pilot, key, LAUNCH_FAILED, result))
+                    self._arrived(LaunchFailed(pilot, key, exc))
         sub = self._submissions.get(getattr(command, "task", ""))
         if isinstance(command, Resolve | Fail) and sub is not None and not sub.future.done():
             self._settled(sub)
@@ -811,21 +824,12 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self.server.send(pilot, msg)
 
     def _start_fragment(self, start: StartFragment) -> None:
-        task = self.controller.elastic[start.task]
         d = self._submissions[start.task].directory
         d.fragment(start.generation).mkdir(parents=True, exist_ok=True)
-        groups = len(start.placement)
-        per_node = {pilot: self._ranks_per_node(pilot) for pilot, _ in start.placement}
-        ranks = sum(len(hosts) * per_node[pilot] for pilot, hosts in start.placement)
-        for gone in [k for k in self._rank_ranges if k not in self.controller.fragments]:
-            del self._rank_ranges[gone]
-        first = 0
-        ranges = self._rank_ranges[(start.task, start.generation)] = {}
-        for g, (pilot, hosts) in enumerate(start.placement):
-            per = per_node[pilot]
-            count = len(hosts) * per
-            ranges[g] = (first, count)
-            flags = self._fragment_flags(d, start.generation, task, max(per_node.values()))
+        self._live.add((start.task, start.generation))
+        ranks, groups = start.world, len(start.groups)
+        for g, group in enumerate(start.groups):
+            flags = self._fragment_flags(d, start.generation, start.leave_min)
             if self.warm_ranks and ranks > 1:  # every rank its own group
                 flags["rendezvous"] = d.rendezvous(start.generation)
             elif groups > 1:
@@ -836,18 +840,17 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
                 }
             if start.after is not None:  # a warm successor: take over from that fragment
                 flags |= {"after": d.result(start.after), "ready": d.ready(start.generation)}
-            argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
+            argv = self._worker_argv(start.task, flags)
             rank_spec = None
             env = {}
             if self.warm_ranks:  # the agent starts each rank, on a standby if it has one
-                rank_spec = self._rank_spec(first, count, ranks, per, hosts)
+                rank_spec = self._rank_spec(group.first, group.count, ranks, group)
             else:  # a rank's place on its node is Hydra's MPI_LOCALRANKID
-                hosts_ = hosts if self.mpi_hosts else None
-                argv = mpiexec_argv(count, hosts_, self.mpiexec, per) + argv
-                env[environment.LOCAL_RANKS] = str(per)
+                hosts = group.hosts if self.mpi_hosts else None
+                argv = mpiexec_argv(group.count, hosts, self.mpiexec, group.per_node) + argv
+                env[environment.LOCAL_RANKS] = str(group.per_node)
                 env |= environment.RANK_STEP_ENV
-            first += count
-            self._launch_group(start.task, start.generation, g, pilot, argv, env, rank_spec)
+            self._launch_group(start.task, start.generation, g, group.pilot, argv, env, rank_spec)
         if start.after is not None:
             self._ready[(start.task, start.generation)] = d.ready(start.generation)
         self.event_log.emit(
@@ -861,63 +864,55 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
 
     def _shrink_fragment(self, shrink: ShrinkFragment) -> None:
         """Write the request that the fragment's ranks take at their next step."""
-        key = (shrink.task, shrink.generation)
-        request, self._rank_ranges[key] = shrink_request(self._rank_ranges[key], shrink.keep)
+        request = ShrinkRequest(shrink.ranks, shrink.of)
         request.write(self._submissions[shrink.task].directory.resize(shrink.generation))
         self._resize_asked[shrink.task] = time.time()
 
     def _grow_fragment(self, grow: GrowFragment) -> None:
         """Start the joiners, each rank a rendezvous group after the fragment's (group 0), and
         ask for the grow once they are set up (:meth:`_request_grows`)."""
-        task = self.controller.elastic[grow.task]
         d = self._submissions[grow.task].directory
-        ranges = self._rank_ranges[(grow.task, grow.generation)]
-        world = sum(count for _, count in ranges.values())
-        per_node = {pilot: self._ranks_per_node(pilot) for pilot, _ in grow.placement}
-        joiners = sum(len(hosts) * per_node[pilot] for pilot, hosts in grow.placement)
+        joiners = sum(g.count for g in grow.groups)
         rendezvous = d.grow(grow.generation, grow.first)
-        most = max(per_node.values())
-        flags = self._fragment_flags(d, grow.generation, task, most) | {"join": rendezvous}
-        argv = worker_argv(task.task, task.work, d.checkpoints, task.options, **flags)
+        flags = self._fragment_flags(d, grow.generation, grow.leave_min) | {"join": rendezvous}
+        argv = self._worker_argv(grow.task, flags)
         self._resize_asked[grow.task] = time.time()
-        offset = 0
-        for i, (pilot, hosts) in enumerate(grow.placement):
-            g, per = grow.first + i, per_node[pilot]
-            count = len(hosts) * per
-            ranges[g] = (world + offset, count)  # its ranks in the grown fragment
+        for i, group in enumerate(grow.groups):
             # Ranks of the joiners' own world: the fragment is its rank 0 (group 0).
-            spec = self._rank_spec(1 + offset, count, 1 + joiners, per, hosts)
-            self._launch_group(grow.task, grow.generation, g, pilot, argv, {}, spec)
-            offset += count
-        request = GrowRequest(str(rendezvous), 1 + joiners, of=world, to=world + joiners)
+            spec = self._rank_spec(1 + group.first - grow.world, group.count, 1 + joiners, group)
+            self._launch_group(
+                grow.task, grow.generation, grow.first + i, group.pilot, argv, {}, spec
+            )
+        request = GrowRequest(str(rendezvous), 1 + joiners, of=grow.world, to=grow.world + joiners)
         self._grows[(grow.task, grow.generation)] = (request, d.resize(grow.generation))
 
-    def _fragment_flags(
-        self, d: TaskDir, generation: int, task: ElasticTask, per_node: int
-    ) -> dict[str, Any]:
-        """The worker flags every rank of a fragment takes, whatever its way in. With in-place
-        shrinks, ``leave_min``: the ranks of ``min_nodes`` nodes (``per_node`` each) that let a
-        preempted pilot's ranks leave in place: the ranks decide with the controller's rule
-        (:func:`parsl_bf.decisions.trains_on_in_place`), on ranks instead of nodes."""
-        flags = {
+    def _worker_argv(self, task: str, flags: dict[str, Any]) -> list[str]:
+        sub = self._submissions[task]
+        assert sub.trainer is not None, f"{task} is not an elastic task"
+        factory, work, options = sub.trainer
+        return worker_argv(factory, work, sub.directory.checkpoints, options, **flags)
+
+    def _fragment_flags(self, d: TaskDir, generation: int, leave_min: int | None) -> dict[str, Any]:
+        """The worker flags every rank of a fragment takes, whatever its way in; ``leave_min``
+        as the controller decided it (:class:`~parsl_bf.executor.lifecycle.StartFragment`)."""
+        flags: dict[str, Any] = {
             "checkpoint_every": self.checkpoint_every,
             "report": d.progress,
             "result": d.result(generation),
             "resize": d.resize(generation),
         }
-        if self.controller.shrinks_in_place(task):
-            flags["leave_min"] = task.min_nodes * per_node
+        if leave_min is not None:
+            flags["leave_min"] = leave_min
         return flags
 
-    def _rank_spec(
-        self, first: int, count: int, of: int, per_node: int, hosts: tuple[str, ...]
-    ) -> dict[str, Any]:
+    def _rank_spec(self, first: int, count: int, of: int, group: RankGroup) -> dict[str, Any]:
         """The agent's spec of a group of warm ranks (:mod:`parsl_bf.pilot.ranks`): ``count``
-        ranks from ``first`` of a world of ``of``, ``per_node`` on each of ``hosts``."""
+        ranks from ``first`` of a world of ``of``, ``group.per_node`` on each of its hosts."""
+        per_node = group.per_node
         spec: dict[str, Any] = {"first": first, "count": count, "of": of, "per_node": per_node}
         spec["mpiexec"] = self.mpiexec
         if self.mpi_hosts:
-            spec["hosts"] = [h for h in hosts for _ in range(per_node)]
+            spec["hosts"] = [h for h in group.hosts for _ in range(per_node)]
         return spec
 
     def _launch_group(
@@ -935,11 +930,6 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
             d.stream(generation, group, "stdout"), d.stream(generation, group, "stderr"),
             ranks=ranks,
         )  # fmt: skip
-
-    def _ranks_per_node(self, pilot: str) -> int:
-        """A fragment's ranks on each node of ``pilot``: one per GPU, one on CPU nodes."""
-        up = self.server.pilots.get(pilot) if self.server is not None else None
-        return max(1, up.gpus) if up is not None else 1
 
     def _run_plain(self, run: RunPlain) -> None:
         d = self._submissions[run.task].directory
@@ -968,45 +958,8 @@ class BackfillExecutor(BlockProviderExecutor, RepresentationMixin):
         self._send(pilot, msg)
         self._sent.append((pilot, key))
 
-    def _write_status(self) -> None:
-        c = self.controller
-        alloc = c.last_allocation
-        now = time.time()
-        self.event_log.write_status(
-            {
-                "label": self.label,
-                "pilots": [
-                    {
-                        "pilot": v.pilot,
-                        "nodes": list(v.hosts),
-                        "ends_in_s": None if v.ends_at is None else round(v.ends_at - now),
-                        "leaving": v.leaving,
-                    }
-                    for v in c.pilots.values()
-                ],
-                "tasks": [
-                    {
-                        "task": t.id,
-                        "state": t.state,
-                        "nodes": len(t.nodes),
-                        "samples": t.samples,
-                        "work": t.work,
-                        "rate": _last_rate(t),
-                        "metrics": t.metrics,
-                    }
-                    for t in c.elastic.values()
-                ],
-                "plain": {
-                    s: sum(1 for t in c.plain.values() if t.state == s)
-                    for s in ("queued", "running", "done")
-                },
-                "solves": c.solves,
-                "last_solve_s": None if alloc is None else alloc.solve_s,
-                "preemptions": c.preemptions,
-                "accounting": c.efficiency(),
-            }
-            | self._block_summary()
-        )
+    def _write_status(self, snapshot: dict[str, Any]) -> None:
+        self.event_log.write_status({"label": self.label} | snapshot | self._block_summary())
 
     def _block_summary(self) -> dict[str, Any]:
         """The error handler's view of the blocks (failed starts and why), when it keeps one."""
@@ -1104,30 +1057,10 @@ def _no_outcome(item: channel.ProcessExited, directory: TaskDir) -> Exception | 
     return no_outcome_error(item.code, directory.app_out, said)
 
 
-def _last_rate(task: ElasticTask) -> float | None:
-    rates = task.measured.get(len(task.nodes))
-    return rates[-1] if rates else None
-
-
 def _factory_file(directory: TaskDir, func, args, kwargs) -> str:
     """The app's own function is the TrainingTask factory: the ranks call it."""
     directory.factory.write_bytes(pack_apply_message(func, args, kwargs))
     return f"@{directory.factory}"
-
-
-def shrink_request(
-    ranges: dict[int, tuple[int, int]], keep: tuple[int, ...]
-) -> tuple[ShrinkRequest, dict[int, tuple[int, int]]]:
-    """The request that keeps the launchers ``keep`` of a fragment whose live launchers hold
-    ``ranges`` (group → (first rank, ranks), as the ranks are numbered now), and the ranges
-    after it: the kept ranks keep their order and are numbered from 0 (``Comm.Split``)."""
-    ranks = [r for g in sorted(keep) for r in range(ranges[g][0], sum(ranges[g]))]
-    of = sum(count for _, count in ranges.values())
-    after, first = {}, 0
-    for g in sorted(keep):
-        after[g] = (first, ranges[g][1])
-        first += ranges[g][1]
-    return ShrinkRequest(tuple(ranks), of), after
 
 
 def _cores() -> int:

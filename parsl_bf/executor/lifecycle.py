@@ -7,8 +7,9 @@
   launch and signal messages to pilot agents, futures set, files and log lines written.
 - **Process keys**: the agent names each process it runs by the key given at launch:
   ``<task>#<generation>#<group>`` for a fragment's launcher (one per pilot it spans),
-  ``plain#<task>`` for a plain app. A process whose launch failed, in the agent or in the
-  shell before it was sent, is reported exited with a :func:`launch_failed` code.
+  ``plain#<task>`` for a plain app. A process whose launch failed in the agent is reported
+  exited with a :func:`launch_failed` code; one the shell could not launch is a
+  :class:`LaunchFailed` event.
 - **The task directory** (:class:`TaskDir`): every file of a task, by name.
 
 Nothing here does I/O; the shell and the controller import the same names.
@@ -27,6 +28,7 @@ __all__ = [
     "PilotGone",
     "TaskSubmitted",
     "ProcessExited",
+    "LaunchFailed",
     "Progress",
     "Evaluated",
     "FragmentStarted",
@@ -34,6 +36,7 @@ __all__ = [
     "FragmentReady",
     "Tick",
     "Event",
+    "RankGroup",
     "StartFragment",
     "GrowFragment",
     "ShrinkFragment",
@@ -43,7 +46,13 @@ __all__ = [
     "Fail",
     "MarkLost",
     "Note",
+    "FragmentOver",
+    "Outlook",
+    "Solved",
+    "WriteStatus",
     "Command",
+    "DECISIONS",
+    "BOOKKEEPING",
     "Placement",
     "fragment_key",
     "plain_key",
@@ -73,6 +82,7 @@ class PilotUp:
     pilot: str
     hosts: tuple[str, ...]
     ends_at: float | None
+    gpus: int = 0  # GPUs on each node: a fragment runs one rank per GPU, one on CPU nodes
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,17 @@ class ProcessExited:
     key: str
     code: int
     result: Any = None
+
+
+@dataclass(frozen=True)
+class LaunchFailed:
+    """The shell could not launch ``key`` on ``pilot`` (its files could not be written: a full
+    disk), or sent only some of a fragment's launchers (those sent are KILLed): ``error``
+    says why. A fragment's launch counts as a failed start; a plain app fails with ``error``."""
+
+    pilot: str
+    key: str
+    error: BaseException
 
 
 @dataclass(frozen=True)
@@ -174,6 +195,7 @@ Event = (
     | PilotGone
     | TaskSubmitted
     | ProcessExited
+    | LaunchFailed
     | Progress
     | Evaluated
     | FragmentStarted
@@ -187,48 +209,85 @@ Event = (
 
 
 @dataclass(frozen=True)
+class RankGroup:
+    """One launcher's ranks: ``count`` ranks numbered from ``first`` in the fragment's world,
+    ``per_node`` of them on each of ``hosts`` of ``pilot``."""
+
+    pilot: str
+    hosts: tuple[str, ...]
+    first: int
+    count: int
+    per_node: int
+
+
+def _placement_of(groups: tuple[RankGroup, ...]) -> Placement:
+    return tuple((g.pilot, g.hosts) for g in groups)
+
+
+@dataclass(frozen=True)
 class StartFragment:
-    """Start ``task``'s fragment number ``generation``, one launcher per ``placement`` group
-    (process key :func:`fragment_key`); with ``after``, as a warm successor of that generation:
-    it builds its model, writes its ready file, and takes over from that fragment's result."""
+    """Start ``task``'s fragment number ``generation``, one launcher per group of ``groups``
+    (process key :func:`fragment_key`, its index the group number); with ``after``, as a warm
+    successor of that generation: it builds its model, writes its ready file, and takes over
+    from that fragment's result. ``leave_min``: the ranks of ``min_nodes`` nodes, below which
+    a preempted pilot's ranks do not leave in place (None: they never do)."""
 
     task: str
     generation: int
-    placement: Placement
+    groups: tuple[RankGroup, ...]
     after: int | None = None
+    leave_min: int | None = None
+
+    @property
+    def placement(self) -> Placement:
+        return _placement_of(self.groups)
 
     @property
     def nodes(self) -> int:
-        return sum(len(hosts) for _, hosts in self.placement)
+        return sum(len(g.hosts) for g in self.groups)
+
+    @property
+    def world(self) -> int:
+        return sum(g.count for g in self.groups)
 
 
 @dataclass(frozen=True)
 class ShrinkFragment:
     """Shrink ``task``'s running fragment ``generation`` in place to its launchers ``keep``
-    (placement groups): write its shrink request (:mod:`parsl_bf.training.resize`) naming
-    their ranks. The ranks of the other groups leave and their launchers exit 0."""
+    (group numbers): write its shrink request (:mod:`parsl_bf.training.resize`) naming their
+    ``ranks`` of its world of ``of``. The ranks of the other groups leave and their launchers
+    exit 0."""
 
     task: str
     generation: int
     keep: tuple[int, ...]
+    ranks: tuple[int, ...] = ()
+    of: int = 0
 
 
 @dataclass(frozen=True)
 class GrowFragment:
-    """Grow ``task``'s running fragment ``generation`` in place: start the joiner launchers
-    ``placement`` (its placement groups ``first``, ``first`` + 1, …; process keys
-    :func:`fragment_key`) with ``--join``, and once every joiner is set up write the grow
-    request (:mod:`parsl_bf.training.resize`). The joiners connect at the fragment's next step
-    and get its state from rank 0; from then on they are ranks of the fragment."""
+    """Grow ``task``'s running fragment ``generation`` (of ``world`` ranks) in place: start the
+    joiner launchers ``groups`` (group numbers ``first``, ``first`` + 1, …; process keys
+    :func:`fragment_key`; their ranks as numbered in the grown fragment) with ``--join``, and
+    once every joiner is set up write the grow request (:mod:`parsl_bf.training.resize`). The
+    joiners connect at the fragment's next step and get its state from rank 0; from then on
+    they are ranks of the fragment. ``leave_min`` as :class:`StartFragment`'s."""
 
     task: str
     generation: int
-    placement: Placement
+    groups: tuple[RankGroup, ...]
     first: int
+    world: int = 0
+    leave_min: int | None = None
+
+    @property
+    def placement(self) -> Placement:
+        return _placement_of(self.groups)
 
     @property
     def nodes(self) -> int:
-        return sum(len(hosts) for _, hosts in self.placement)
+        return sum(len(g.hosts) for g in self.groups)
 
 
 @dataclass(frozen=True)
@@ -290,6 +349,42 @@ class Note:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class FragmentOver:
+    """Every launcher of ``task``'s fragment ``generation`` has exited: the shell stops
+    watching its files (progress, ready file, joiners)."""
+
+    task: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the shell acts on between batches, sent when it changes: ``demand``, the nodes
+    the tasks could use (Parsl's scaling asks for pilots while it is positive); ``wake_at``,
+    the next deadline a batch must come by (a pilot's walltime notice; None: none);
+    ``preemptions`` seen so far."""
+
+    demand: int
+    wake_at: float | None
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class Solved:
+    """The batch ran the allocation solver, for ``solve_s`` seconds."""
+
+    solve_s: float
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    """Write ``parsl-bf status``'s snapshot (each tick, and when a task settles): pilots,
+    tasks, plain apps, solves and the accounting, as the controller sees them now."""
+
+    snapshot: dict[str, Any]
+
+
 Command = (
     StartFragment
     | ShrinkFragment
@@ -300,7 +395,17 @@ Command = (
     | Fail
     | MarkLost
     | Note
+    | FragmentOver
+    | Outlook
+    | Solved
+    | WriteStatus
 )
+
+#: The commands that carry out a decision (the event log's decision lines name them); the
+#: others are bookkeeping for the shell.
+DECISIONS = (StartFragment, ShrinkFragment, GrowFragment, RunPlain, Signal, Resolve, Fail, MarkLost)
+#: What the shell keeps up to date from, between decisions.
+BOOKKEEPING = (FragmentOver, Outlook, Solved, WriteStatus)
 
 
 # --- process keys -----------------------------------------------------------------------------

@@ -8,27 +8,33 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from parsl_bf.allocation import AllocatorSettings
+from parsl_bf.executor import controller as core
 from parsl_bf.executor.controller import (
     NOTICE_MARGIN,
     NOTICE_SLACK_S,
-    Controller,
     ElasticTask,
     PlainTask,
 )
 from parsl_bf.executor.lifecycle import (
+    BOOKKEEPING,
     LAUNCH_FAILED,
     AppCrashed,
+    Evaluated,
     Fail,
+    FragmentOver,
     FragmentReady,
     FragmentStarted,
     GrowFragment,
+    LaunchFailed,
     MarkLost,
     Note,
+    Outlook,
     PilotGone,
     PilotLeaving,
     PilotUp,
     ProcessExited,
     Progress,
+    RankGroup,
     Rescaled,
     Resolve,
     RunPlain,
@@ -37,11 +43,21 @@ from parsl_bf.executor.lifecycle import (
     StartFragment,
     TaskSubmitted,
     Tick,
+    WriteStatus,
     fragment_key,
     plain_key,
 )
 
 NOW = 1000.0
+
+
+class Controller(core.Controller):
+    """The controller, its bookkeeping for the shell (:data:`BOOKKEEPING`) left out of what
+    ``handle`` returns: these tests check the decisions (the bookkeeping's own tests use
+    :class:`core.Controller`)."""
+
+    def handle(self, events, now):
+        return [c for c in super().handle(events, now) if not isinstance(c, BOOKKEEPING)]
 
 
 #: The settings these tests take unless told: no resize in place (a rescale is a hand-over).
@@ -144,7 +160,8 @@ def test_a_warm_rescale_hands_over_when_the_successor_is_ready() -> None:
     (first,) = c.handle([TaskSubmitted(_task("a", 1, 4)), _up("p1", "n1", "n2")], NOW)
     out = c.handle([_up("p2", "n3")], NOW)
     (succ,) = _of(StartFragment, out)
-    assert succ == StartFragment("a", 2, (("p1", ("n1", "n2")), ("p2", ("n3",))), after=1)
+    groups = (RankGroup("p1", ("n1", "n2"), 0, 2, 1), RankGroup("p2", ("n3",), 2, 1, 1))
+    assert succ == StartFragment("a", 2, groups, after=1)
     assert not _of(Signal, out)  # the old fragment trains on until its successor is ready
     assert c.handle([_up("p3", "n4")], NOW + 1) == []  # no rescale during a hand-over
     out = c.handle([FragmentReady("a", 2)], NOW + 2)
@@ -362,7 +379,7 @@ def test_a_start_that_cannot_be_launched_fails_the_task_after_max_restarts() -> 
         first, second = (
             fragment_key("a", start.generation, g) for g in range(len(start.placement))
         )
-        out = c.handle([ProcessExited("p1", first, LAUNCH_FAILED, None)], NOW + attempt)
+        out = c.handle([LaunchFailed("p1", first, OSError(28, "full"))], NOW + attempt)
         assert _terms(out) == {("p2", second)} and not _of(StartFragment, out)
         out = c.handle([ProcessExited("p2", second, -9, None)], NOW + attempt)
         if attempt <= 2:
@@ -409,7 +426,7 @@ def test_a_plain_app_that_could_not_be_launched_fails_with_the_error() -> None:
     c = _controller()
     (run,) = c.handle([TaskSubmitted(PlainTask("x")), _up("p1", "n1")], NOW)
     error = OSError(28, "No space left on device", "app.out")
-    out = c.handle([ProcessExited("p1", plain_key("x"), LAUNCH_FAILED, (False, error))], NOW + 1)
+    out = c.handle([LaunchFailed("p1", plain_key("x"), error)], NOW + 1)
     assert Fail("x", error) in out and c.plain["x"].state == "done"
     assert not _of(RunPlain, c.handle([_up("p2", "m1")], NOW + 2))
 
@@ -1220,3 +1237,70 @@ def test_a_grow_onto_nodes_given_back_now_waits_for_them_and_is_done_in_place() 
     assert (grow.task, grow.generation, grow.placement) == ("b", 1, (("p2", ("n2",)),))
     assert not _terms(out) and not _of(StartFragment, out)
     assert set(c.elastic["b"].nodes) == {"p3/n3", "p2/n2"}
+
+
+# --- what the commands carry, and the shell's bookkeeping ----------------------------------
+
+
+def test_a_start_carries_its_rank_layout_and_a_grow_numbers_its_joiners_after_it() -> None:
+    # Two GPUs a node on p1: two ranks on each of its nodes; CPU nodes on p2 and p3: one.
+    c = _controller(shrink_in_place=True, grow_in_place=True)
+    c.handle([TaskSubmitted(_task("a", 1, 4))], NOW)
+    up = [PilotUp("p1", ("n1", "n2"), None, gpus=2), _up("p2", "n3")]
+    (start,) = _of(StartFragment, c.handle(up, NOW))
+    assert start.groups == (
+        RankGroup("p1", ("n1", "n2"), 0, 4, 2),
+        RankGroup("p2", ("n3",), 4, 1, 1),
+    )
+    assert start.world == 5 and start.leave_min == 1 * 2  # min_nodes' ranks, at most per node
+    c.handle([Progress("a", 5, 10.0, 100), FragmentStarted("a", 0)], NOW + 1)
+    (grow,) = _of(GrowFragment, c.handle([_up("p3", "n4")], NOW + 2))
+    assert (grow.first, grow.world) == (2, 5)
+    assert grow.groups == (RankGroup("p3", ("n4",), 5, 1, 1),)
+
+
+def test_a_shrink_names_the_ranks_that_stay_as_numbered_then() -> None:
+    c = _controller(shrink_in_place=True, grow_in_place=True)
+    c.handle([TaskSubmitted(_task("a", 1, 4))], NOW)
+    up = [PilotUp("p1", ("n1",), None, gpus=2), _up("p2", "n2"), _up("p3", "n3")]
+    (start,) = _of(StartFragment, c.handle(up, NOW))
+    c.handle([Progress("a", 4, 10.0, 100), FragmentStarted("a", 0)], NOW + 1)
+    leaving = start.groups[0].pilot
+    (shrink,) = _of(ShrinkFragment, c.handle([PilotLeaving(leaving, "preempted")], NOW + 2))
+    kept = [g for g in start.groups if g.pilot != leaving]
+    assert shrink.of == 4 and shrink.ranks == tuple(
+        r for g in kept for r in range(g.first, g.first + g.count)
+    )
+
+
+def test_a_task_that_does_not_shrink_in_place_gets_no_leave_min() -> None:
+    c = _controller()  # shrink_in_place False
+    c.handle([TaskSubmitted(_task("a", 1, 4))], NOW)
+    (start,) = _of(StartFragment, c.handle([_up("p1", "n1")], NOW))
+    assert start.leave_min is None
+
+
+def test_the_outlook_is_sent_when_it_changes_and_only_then() -> None:
+    c = core.Controller(allocator=AllocatorSettings(tfwd=60, **_SETTINGS))
+    out = c.handle([TaskSubmitted(_task("a", 1, 3))], NOW)
+    assert _of(Outlook, out) == [Outlook(3, None, 0)]  # a task that could use 3 nodes
+    assert not _of(Outlook, c.handle([Evaluated("a", 0, {})], NOW + 1))  # nothing changed
+    out = c.handle([_up("p1", "n1", ends_at=NOW + 100)], NOW + 2)
+    (outlook,) = _of(Outlook, out)
+    assert outlook.wake_at == NOW + 100 - c.walltime_notice_s and outlook.preemptions == 0
+    (outlook,) = _of(Outlook, c.handle([PilotLeaving("p1", "preempted")], NOW + 3))
+    assert outlook.preemptions == 1 and outlook.wake_at is None
+
+
+def test_a_fragment_over_is_sent_once_every_launcher_exited_and_a_status_each_tick() -> None:
+    c = core.Controller(allocator=AllocatorSettings(tfwd=60, **_SETTINGS))
+    c.handle([TaskSubmitted(_task("a", 1, 4, work=1000))], NOW)
+    (start,) = _of(StartFragment, c.handle([_up("p1", "n1"), _up("p2", "n2")], NOW))
+    first, second = _exits(start, {"status": "done", "samples": 1000})
+    assert not _of(FragmentOver, c.handle([first], NOW + 1))  # its other launcher still runs
+    out = c.handle([second], NOW + 2)
+    assert _of(FragmentOver, out) == [FragmentOver("a", start.generation)]
+    (status,) = _of(WriteStatus, out)  # the task settled
+    assert [t["state"] for t in status.snapshot["tasks"]] == ["done"]
+    assert _of(WriteStatus, c.handle([Tick()], NOW + 3))
+    assert not _of(WriteStatus, c.handle([Evaluated("a", 1000, {})], NOW + 4))

@@ -38,18 +38,18 @@ def test_a_written_request_reads_back_and_a_missing_one_is_a_stop(tmp_path: Path
     assert read_request(None).kept(1) == []
 
 
-def test_the_executor_numbers_a_second_shrink_as_the_ranks_are_then() -> None:
-    from parsl_bf.executor.executor import shrink_request
+def test_the_controller_numbers_a_second_shrink_as_the_ranks_are_then() -> None:
+    from parsl_bf.executor.controller import renumbered
 
     # Three launchers of 2, 1 and 2 ranks (a pilot with two GPUs, say): the middle one leaves.
     ranges = {0: (0, 2), 1: (2, 1), 2: (3, 2)}
-    request, after = shrink_request(ranges, (0, 2))
-    assert request == ShrinkRequest((0, 1, 3, 4), of=5)
+    ranks, of, after = renumbered(ranges, (0, 2))
+    assert (ranks, of) == ((0, 1, 3, 4), 5)
     assert after == {0: (0, 2), 2: (2, 2)}
     # Then the first leaves: the ranks of launcher 2 are 2 and 3 of a world of 4 by now.
-    request, after = shrink_request(after, (2,))
-    assert request == ShrinkRequest((2, 3), of=4) and after == {2: (0, 2)}
-    assert request.kept(4) == [2, 3]
+    ranks, of, after = renumbered(after, (2,))
+    assert (ranks, of) == ((2, 3), 4) and after == {2: (0, 2)}
+    assert ShrinkRequest(ranks, of).kept(4) == [2, 3]
 
 
 @pytest.mark.parametrize(
