@@ -835,8 +835,12 @@ def test_lifecycle_invariants(seq, batch_size, in_place) -> None:
                         assert not owner.get(node), f"{node}: {cmd.task} and {owner[node]}"
                         owner.setdefault(node, set()).add((cmd.task, cmd.generation))
             elif isinstance(cmd, ShrinkFragment):
-                assert 0 in cmd.keep
                 groups = {k for k in live if k.split("#")[:2] == [cmd.task, str(cmd.generation)]}
+                # Some of its live launchers stay, some leave (any of them: at a preemption the
+                # first pilot's ranks may be the ones that go); the ranks named are a world's.
+                numbers = {int(k.split("#")[2]) for k in groups}
+                assert cmd.keep and set(cmd.keep) < numbers, (cmd.keep, numbers)
+                assert len(set(cmd.ranks)) == len(cmd.ranks) and max(cmd.ranks) < cmd.of
                 leaving.update(
                     k for k in groups if int(k.split("#")[2]) not in cmd.keep
                 )  # fmt: skip

@@ -1,0 +1,322 @@
+"""The executor's decision thread (:class:`DecisionLoop`): what arrived (channel messages,
+submissions) drained in batches and turned into :mod:`~parsl_bf.executor.lifecycle` events,
+reading the files a process left (a fragment's result, a plain app's outcome, progress
+reports, ready files); one call of the controller's ``handle`` per batch; its commands
+carried out (:mod:`.carrying`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..decisions import leaving_reason
+from ..pilot.outcome import RunnerError, no_outcome_error, read_outcome
+from ..pilot.wire import Refused, standbys_for
+from ..training.reports import ReportTail
+from ..training.resize import GrowRequest
+from . import channel
+from .carrying import _NO_STDERR, Submission, _tail
+from .channel import PilotServer
+from .controller import Controller, ElasticTask
+from .events import EventLog
+from .lifecycle import (
+    DECISIONS,
+    Command,
+    Evaluated,
+    Event,
+    FragmentReady,
+    FragmentStarted,
+    LaunchFailed,
+    Outlook,
+    PilotGone,
+    PilotLeaving,
+    PilotUp,
+    ProcessExited,
+    Progress,
+    Rescaled,
+    Solved,
+    TaskDir,
+    TaskSubmitted,
+    Tick,
+    launch_failed,
+    parse_key,
+)
+
+__all__ = ["DecisionLoop", "TICK_S", "READY_POLL_S"]
+
+log = logging.getLogger(__name__)
+
+# Deadlines, progress reports and ready files are looked at this often.
+TICK_S = 1.0
+#: How often a warm successor's ready file is looked for between ticks (a ready standby rank
+#: is set up in a fraction of a second, and its predecessor trains on until it is seen).
+READY_POLL_S = 0.02
+
+
+class DecisionLoop:
+    """I/O → events → controller → commands → I/O. A role of
+    :class:`~parsl_bf.executor.executor.BackfillExecutor`, whose ``__init__`` declares and
+    documents the state used here."""
+
+    label: str
+    event_log: EventLog
+    server: PilotServer | None
+    _submissions: dict[str, Submission]
+    controller: Controller
+    provider: Any
+    warm_ranks: bool
+    mpiexec: str
+    _lock: threading.Lock
+    _inbox: queue.Queue[tuple[float, object]]
+    _stop: threading.Event
+    _training: bool
+    _warmed: set[str]
+    _reports: dict[str, ReportTail]
+    _ready: dict[tuple[str, int], Path]
+    _live: set[tuple[str, int]]
+    _grows: dict[tuple[str, int], tuple[GrowRequest, Path]]
+    _resize_asked: dict[str, float]
+    _outlook: Outlook
+    _sent: list[tuple[str, str]]
+
+    def _carry_out(self, command: Command) -> None:  # CarryingOut's
+        raise NotImplementedError
+
+    def _not_carried_out(self, command: Command, exc: Exception) -> None:  # CarryingOut's
+        raise NotImplementedError
+
+    def _arrived(self, item: object) -> None:
+        """From the channel's thread or a submitting one: queue it for the next batch."""
+        self._inbox.put((time.time(), item))
+
+    def _loop(self) -> None:
+        next_tick = 0.0
+        ticked_for = None  # the walltime notice a Tick was added for (once each)
+        while not self._stop.is_set():
+            deadline = self._outlook.wake_at  # a pilot's walltime notice
+            if deadline == ticked_for:
+                deadline = None
+            wake = next_tick if deadline is None else min(next_tick, deadline)
+            timeout = min(0.5, max(0.0, wake - time.time()))
+            if self._ready or self._grows:  # ready files end a hand-over, start a grow
+                timeout = min(timeout, READY_POLL_S)
+            self._request_grows()
+            batch = self._drain(timeout=timeout)
+            now = time.time()
+            if now >= next_tick or (deadline is not None and now >= deadline):
+                if now >= next_tick:
+                    next_tick = now + TICK_S
+                else:
+                    ticked_for = deadline
+                batch.append((now, Tick()))
+            elif self._ready:
+                batch += [(time.time(), ready) for ready in self._readiness()]
+            if not batch:
+                continue
+            try:
+                self._decide(batch)
+            except Exception:  # one bad batch must not stop every later decision
+                log.exception("%s: batch %r failed", self.label, batch)
+
+    def _drain(self, timeout: float) -> list[tuple[float, object]]:
+        """Everything queued now, waiting up to ``timeout`` for the first item."""
+        try:
+            batch = [self._inbox.get(timeout=timeout)] if timeout > 0 else []
+        except queue.Empty:
+            batch = []
+        while True:
+            try:
+                batch.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return batch
+
+    def _decide(self, batch: list[tuple[float, object]]) -> None:
+        """One batch: its events, one controller decision, its commands carried out."""
+        events: list[Event] = []
+        causes: list[str] = []
+        for _, item in batch:
+            found = self._events_of(item)
+            events += found
+            causes += [c for c in map(_cause, found) if c and c not in causes]
+        self._warm(events)
+        now = time.time()
+        with self._lock:
+            commands = self.controller.handle(events, now)
+        for command in commands:
+            self._sent = []
+            try:
+                self._carry_out(command)
+            except Exception as exc:  # a full disk: the batch's other commands still count
+                self._not_carried_out(command, exc)
+        solved = [c.solve_s for c in commands if isinstance(c, Solved)]
+        decided = [c for c in commands if isinstance(c, DECISIONS)]
+        if decided or solved or any(c.startswith("pilot") for c in causes):
+            # From the batch's first arrival to its commands sent to the pilots.
+            self.event_log.decision(
+                causes[0] if causes else "tick",
+                time.time() - min(t for t, _ in batch),
+                [_command_name(c) for c in decided],
+                solved[-1] if solved else None,
+                causes=causes,
+                events=len(events),
+            )
+
+    def _warm(self, events: list[Event]) -> None:
+        """Ask pilots for standby ranks (one per node), from the first elastic task on."""
+        if not self.warm_ranks or self.server is None:
+            return
+        first = not self._training and any(
+            isinstance(e, TaskSubmitted) and isinstance(e.task, ElasticTask) for e in events
+        )
+        self._training = self._training or first
+        if not self._training or not (first or any(isinstance(e, PilotUp) for e in events)):
+            return
+        self._warmed.intersection_update(self.server.pilots)  # forget pilots that are gone
+        for pilot, up in self.server.pilots.items():
+            if pilot not in self._warmed:
+                self._warmed.add(pilot)
+                size = standbys_for(up.nodes, up.host, up.gpus)
+                self._send(pilot, {"op": "warm_ranks", "size": size, "mpiexec": self.mpiexec})
+
+    def _events_of(self, item: object) -> list[Event]:
+        """The lifecycle events of one arrival, with the files it left read now."""
+        log_ = self.event_log
+        if isinstance(item, Tick):
+            return self._progress_of_live() + self._readiness() + [item]
+        if isinstance(item, FragmentReady | LaunchFailed):  # seen between ticks; a failed launch
+            return [item]
+        if isinstance(item, TaskSubmitted):
+            log_.emit(
+                "task_submitted", task=item.task.id, elastic=isinstance(item.task, ElasticTask)
+            )
+            return [item]
+        if isinstance(item, channel.PilotUp):
+            log_.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at)
+            return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at, item.gpus)]
+        if isinstance(item, channel.PilotPreempted):
+            # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
+            known = getattr(self.provider, "pilots", {}).get(item.pilot)
+            reason = leaving_reason(known.reason if known is not None else None)
+            log_.emit(f"pilot_{reason}", pilot=item.pilot, signal=item.signal)
+            return [PilotLeaving(item.pilot, reason)]
+        if isinstance(item, channel.PilotGone):
+            log_.emit("pilot_gone", pilot=item.pilot, reason=item.reason)
+            return [PilotGone(item.pilot, item.reason)]
+        if isinstance(item, channel.ProcessExited):
+            return self._exit_of(item)
+        if isinstance(item, Refused):
+            log_.emit("refused", peer=item.peer, reason=item.reason, count=item.count)
+        return []
+
+    def _exit_of(self, item: channel.ProcessExited) -> list[Event]:
+        try:
+            task_id, generation, _group = parse_key(item.key)
+        except ValueError:
+            log.warning("%s: exit of an unknown process %r", self.label, item.key)
+            return []
+        sub = self._submissions.get(task_id)
+        if sub is None:
+            return []
+        if generation is None:  # a plain app: its outcome, if it left one
+            try:
+                outcome: Any = read_outcome(sub.directory.app_out)
+            except OSError:  # None, and it runs again, unless its runner or launch said why
+                error = _no_outcome(item, sub.directory)
+                outcome = None if error is None else (False, error)
+            except RunnerError as exc:
+                outcome = (False, exc)
+            return [ProcessExited(item.pilot, item.key, item.code, outcome)]
+        # Its last reports first: the controller knows its samples when it classifies the exit.
+        result = _read_json(sub.directory.result(generation))
+        return self._progress_of(task_id) + [ProcessExited(item.pilot, item.key, item.code, result)]
+
+    def _progress_of_live(self) -> list[Event]:
+        return [e for t in {t for t, _ in self._live} for e in self._progress_of(t)]
+
+    def _progress_of(self, task_id: str) -> list[Event]:
+        """New records of a task's progress report, as events."""
+        tail = self._reports.get(task_id)
+        if tail is None:
+            tail = self._reports[task_id] = ReportTail(
+                self._submissions[task_id].directory.progress
+            )
+        out: list[Event] = []
+        for r in tail.read():
+            if r["event"] == "step":
+                share = r.get("cpu_share")
+                out.append(
+                    Progress(
+                        task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"]),
+                        float(share) if isinstance(share, int | float) else None,
+                    )
+                )  # fmt: skip
+            elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
+                out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
+            elif r["event"] in ("shrunk", "grown"):
+                asked = self._resize_asked.pop(task_id, None)
+                seconds = r["first_step_at"] - asked if asked and r.get("first_step_at") else -1
+                kind = "shrink" if r["event"] == "shrunk" else "grow"
+                out.append(Rescaled(task_id, seconds, in_place=kind))
+            elif r["event"] == "start":
+                out.append(FragmentStarted(task_id, int(r.get("samples") or 0)))
+                if r.get("stopped_at") and r.get("first_step_at"):
+                    # From the later of the old fragment's stop and the new one's process
+                    # start: time the task waited for nodes is not part of a rescale's cost.
+                    began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
+                    out.append(Rescaled(task_id, r["first_step_at"] - began))
+        return out
+
+    def _request_grows(self) -> None:
+        """Write the grow request of each in-place grow whose joiners are all set up: the
+        fragment takes them in at its next step, with no wait for one that is starting."""
+        for key, (request, path) in list(self._grows.items()):
+            if request.joiners_ready():
+                del self._grows[key]
+                request.write(path)
+
+    def _readiness(self) -> list[Event]:
+        """Warm successors whose ready file appeared."""
+        out: list[Event] = []
+        for (task_id, generation), path in list(self._ready.items()):
+            if path.exists():
+                del self._ready[(task_id, generation)]
+                out.append(FragmentReady(task_id, generation))
+        return out
+
+
+def _cause(event: Event) -> str | None:
+    """What an event is called in the decision log (None: not a cause worth naming)."""
+    if isinstance(event, PilotLeaving):
+        return "pilot ending" if event.reason == "walltime" else f"pilot {event.reason}"
+    return {
+        PilotUp: "pilot up",
+        PilotGone: "pilot gone",
+        TaskSubmitted: "task submitted",
+        ProcessExited: "process exited",
+    }.get(type(event))
+
+
+def _command_name(command: Command) -> str:
+    return f"{type(command).__name__}:{getattr(command, 'task', None) or command.key}"
+
+
+def _no_outcome(item: channel.ProcessExited, directory: TaskDir) -> Exception | None:
+    """Why a plain app left no outcome, if its runner or its launch said (None: it was killed,
+    and runs again)."""
+    said = _tail(directory.app_stream("stderr"), 1)
+    said = "" if said == _NO_STDERR else said
+    if launch_failed(item.code):
+        return RunnerError(f"not launched on {item.pilot} (exit {item.code}): {said}")
+    return no_outcome_error(item.code, directory.app_out, said)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
