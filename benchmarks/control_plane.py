@@ -53,9 +53,10 @@ from pathlib import Path
 import zmq
 from parsl.providers.base import ExecutionProvider
 
-from parsl_bf.pilot.wire import RANKS_KEY, AgentSession, client_socket, read_secret
+from parsl_bf.executor.lifecycle import LogEvent
+from parsl_bf.pilot.wire import RANKS_KEY, AgentSession, Op, client_socket, read_secret
 from parsl_bf.replay import missing_data
-from parsl_bf.training.reports import write_result
+from parsl_bf.training.reports import ReportEvent, write_result
 
 NODES, BURST_S, WORK = 4734, 10.0, 10**12
 TASK = "benchmarks.control_plane:never_run"  # only passed in argv: no rank runs
@@ -172,14 +173,14 @@ class Agents:
         if p is None or not p.alive or p.leaving:
             return
         p.leaving, now = True, time.time()
-        self.send(p, {"op": "preempted", "signal": "TERM", "at": now})
+        self.send(p, {"op": Op.PREEMPTED, "signal": "TERM", "at": now})
         for proc in list(p.procs.values()):
             self.stop(p, proc, now + GRACE_S)
         self.at(now + GRACE_S + 0.01, self.bye, p, "preempted (TERM)")
 
     def beat(self, p: Pilot) -> None:
         if p.alive:
-            self.send(p, {"op": "heartbeat"})
+            self.send(p, {"op": Op.HEARTBEAT})
             self.at(time.time() + 1.0, self.beat, p)
 
     def bye(self, p: Pilot, reason: str) -> None:
@@ -187,7 +188,7 @@ class Agents:
             return
         for proc in list(p.procs.values()):
             self.exit(p, proc, -15)
-        self.send(p, {"op": "bye", "reason": reason})
+        self.send(p, {"op": Op.BYE, "reason": reason})
         p.alive = False
         self.poller.unregister(p.sock)
         del self.by_sock[p.sock]
@@ -204,7 +205,7 @@ class Agents:
     def exit(self, p: Pilot, proc: Proc, code: int) -> None:
         if p.alive and p.procs.get(proc.key) is proc:
             del p.procs[proc.key]
-            self.send(p, {"op": "exited", "key": proc.key, "code": code})
+            self.send(p, {"op": Op.EXITED, "key": proc.key, "code": code})
             self.log["exit"].append((proc.key, time.time()))
 
     def launch(self, p: Pilot, msg: dict) -> None:
@@ -213,7 +214,7 @@ class Agents:
         if key in p.procs or key.count("#") != 2:
             self.errors["unexpected launch"] += 1
         elif p.leaving:  # as the real agent: too late, reported as killed by the preemption
-            self.send(p, {"op": "exited", "key": key, "code": -15})
+            self.send(p, {"op": Op.EXITED, "key": key, "code": -15})
         else:
             flags = {a[2:]: b for a, b in zip(argv, argv[1:], strict=False) if a[:2] == "--"}
             task, _, group = key.split("#")
@@ -246,7 +247,7 @@ class Agents:
             Path(proc.flags.pop("ready")).touch()  # a warm successor has built its model
         rate = RATE1 * proc.world**0.8
         self.samples[proc.task] += rate * REPORT_S
-        step = {"t": now, "event": "step", "world": proc.world, "rate": rate, "loss": 1.0}
+        step = {"t": now, "event": ReportEvent.STEP, "world": proc.world, "rate": rate, "loss": 1.0}
         with open(proc.flags["report"], "a") as f:
             f.write(json.dumps(step | {"samples": int(self.samples[proc.task])}) + "\n")
         self.at(now + REPORT_S, self.step, p, proc)
@@ -260,17 +261,17 @@ class Agents:
             self.msgs[(phase_of(time.time(), self.c), "recv")] += 1
             msg = msg or {"op": f"refused ({why})"}
             op, proc = msg.get("op"), p.procs.get(msg.get("key", ""))
-            if op == "welcome" and not p.welcomed:
+            if op == Op.WELCOME and not p.welcomed:
                 p.welcomed = True  # our first message in the session makes the pilot up
                 self.beat(p)
-            elif op == "launch":
+            elif op == Op.LAUNCH:
                 self.launch(p, msg)
-            elif op == "signal" and proc is not None and msg["signal"] in ("TERM", "KILL"):
+            elif op == Op.SIGNAL and proc is not None and msg["signal"] in ("TERM", "KILL"):
                 if msg["signal"] == "TERM":
                     self.stop(p, proc, time.time() + STOP_S)
                 else:
                     self.exit(p, proc, -9)
-            elif op == "shutdown":
+            elif op == Op.SHUTDOWN:
                 self.bye(p, "shutdown")
             elif op not in ("welcome", "ping", "signal", "warm_ranks"):  # no ranks to warm here
                 self.errors[f"op {op}"] += 1
@@ -509,9 +510,9 @@ def run_size(pilots: int, c: dict) -> dict:
 
     decisions, gone = defaultdict(list), Counter()
     for e in map(json.loads, (ex.directory / "events.jsonl").read_text().splitlines()):
-        if e["event"] == "decision":
+        if e["event"] == LogEvent.DECISION:
             decisions[phase_of(e["t"] - e["seconds"], c)].append(e)
-        gone[e.get("reason")] += e["event"] == "pilot_gone"
+        gone[e.get("reason")] += e["event"] == LogEvent.PILOT_GONE
     e2e = end_to_end([s["log"] for s in stats], c)
     agent_msgs = sum((Counter(dict(s["msgs"])) for s in stats), Counter())
     r = {"pilots": pilots, "gone": {x: n for x, n in gone.items() if n}}

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from enum import StrEnum
 
 __all__ = [
+    "PilotEnd",
     "DEFAULT_TFWD_S",
     "IN_PLACE_REASONS",
     "WALLTIME_SLACK_S",
@@ -37,10 +39,23 @@ __all__ = [
 
 # --- resizing in place ------------------------------------------------------------------------
 
+
+class PilotEnd(StrEnum):
+    """Why a pilot ended or is leaving: the scheduler took its nodes back (``preempted``), it
+    reached its walltime (``walltime``), or we cancelled it (``cancelled``: Parsl's scale-in, a
+    shutdown). The provider decides it (:func:`walltime_reached`, :func:`cancel_reason`);
+    everyone else reads its ``Pilot.reason``. A pilot's reason may also be its job's own end
+    (an exit status), which is none of these."""
+
+    PREEMPTED = "preempted"
+    WALLTIME = "walltime"
+    CANCELLED = "cancelled"
+
+
 #: Why a pilot leaves, when a fragment that also runs on pilots that stay may give its ranks
 #: there back in place instead of stopping: a cancelled pilot's ranks are ours to stop, and a
 #: pilot gone took them already.
-IN_PLACE_REASONS = ("walltime", "preempted")
+IN_PLACE_REASONS = (PilotEnd.WALLTIME, PilotEnd.PREEMPTED)
 
 
 def trains_on_in_place(
@@ -86,17 +101,17 @@ def walltime_reached(ran_s: float, walltime_s: float | None, signal_lead_s: floa
     return walltime_s is not None and ran_s >= walltime_s - signal_lead_s - WALLTIME_SLACK_S
 
 
-def cancel_reason(signalled: bool) -> str:
+def cancel_reason(signalled: bool) -> PilotEnd:
     """Policy: a pilot we cancel is ``"cancelled"``, unless the scheduler had already signalled
     it (a preemption in its grace time, which the cancel only hastens): ``"preempted"``."""
-    return "preempted" if signalled else "cancelled"
+    return PilotEnd.PREEMPTED if signalled else PilotEnd.CANCELLED
 
 
-def leaving_reason(provider_reason: str | None) -> str:
+def leaving_reason(provider_reason: str | None) -> PilotEnd:
     """Policy: a pilot whose processes were signalled to leave is leaving for the reason its
     provider gives when that is ``"cancelled"`` (Parsl's scale-in, a shutdown); for anything
     else, the provider not knowing yet included, the scheduler took it back: ``"preempted"``."""
-    return "cancelled" if provider_reason == "cancelled" else "preempted"
+    return PilotEnd.CANCELLED if provider_reason == PilotEnd.CANCELLED else PilotEnd.PREEMPTED
 
 
 # --- the allocation problem ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..decisions import PilotEnd
 from ..report import Sample, group_counts
 
 __all__ = ["PERIOD_S", "Progress", "pilot_ends", "provider_preemptions", "writes_status"]
@@ -47,7 +48,7 @@ def _pilots(config: Any) -> list[Any]:
 
 
 def provider_preemptions(config: Any) -> int:
-    return sum(1 for p in _pilots(config) if getattr(p, "reason", "") == "preempted")
+    return sum(1 for p in _pilots(config) if getattr(p, "reason", "") == PilotEnd.PREEMPTED)
 
 
 def pilot_ends(config: Any) -> dict[str, int] | None:

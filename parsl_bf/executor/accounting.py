@@ -18,6 +18,7 @@ from .state import (
     ElasticTask,
     PilotView,
     PlainTask,
+    TaskState,
 )
 
 __all__ = ["Accounting"]
@@ -75,7 +76,7 @@ class Accounting:
         if self._accounted_at is not None and now > self._accounted_at:
             dt = now - self._accounted_at
             offered = sum(len(v.hosts) for v in self.pilots.values() if not v.leaving)
-            used = sum(1 for t in self.plain.values() if t.state == "running")
+            used = sum(1 for t in self.plain.values() if t.state == TaskState.RUNNING)
             for task in self.elastic.values():
                 n = len(task.held())
                 task.node_s += dt * n

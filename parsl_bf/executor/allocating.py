@@ -18,6 +18,7 @@ from ..decisions import grows_in_place, trains_on_in_place
 from .fragments import shrink_fields
 from .lifecycle import (
     Command,
+    LogEvent,
     Note,
     RunPlain,
     Solved,
@@ -29,6 +30,7 @@ from .state import (
     Node,
     PilotView,
     PlainTask,
+    TaskState,
     split_node,
 )
 
@@ -84,8 +86,14 @@ class Allocating:
 
     def outstanding_nodes(self) -> int:
         """Nodes the tasks could use now: what the scaling loop asks pilots for."""
-        plain = sum(1 for t in self.plain.values() if t.state in ("queued", "running"))
-        elastic = [t for t in self.elastic.values() if t.state in ("queued", "running", "stopping")]
+        plain = sum(
+            1 for t in self.plain.values() if t.state in (TaskState.QUEUED, TaskState.RUNNING)
+        )
+        elastic = [
+            t
+            for t in self.elastic.values()
+            if t.state in (TaskState.QUEUED, TaskState.RUNNING, TaskState.STOPPING)
+        ]
         return plain + sum(t.max_nodes for t in elastic[: self.max_tasks])
 
     def _usable(self, now: float) -> dict[Node, float]:
@@ -113,7 +121,7 @@ class Allocating:
     def _decide(self, now: float, out: list[Command]) -> None:
         """The allocation: plain tasks first, then the solver's counts for elastic tasks."""
         usable = self._usable(now)
-        busy = {t.node for t in self.plain.values() if t.state == "running"}
+        busy = {t.node for t in self.plain.values() if t.state == TaskState.RUNNING}
         for task in self.elastic.values():
             busy.update(task.held())
         free = [n for n in usable if n not in busy]
@@ -121,13 +129,13 @@ class Allocating:
         free.sort(key=lambda n: (usable[n], n))
         waiting_plain = 0
         for task in self.plain.values():
-            if task.state != "queued":
+            if task.state != TaskState.QUEUED:
                 continue
             if not free:
                 waiting_plain += 1
                 continue
             node = free.pop(0)
-            task.node, task.state = node, "running"
+            task.node, task.state = node, TaskState.RUNNING
             task.attempts += 1
             out.append(RunPlain(task.id, *split_node(node)))
         self._allocate_elastic(usable, free, waiting_plain, now, out)
@@ -142,9 +150,11 @@ class Allocating:
     ) -> None:
         # A resolved task whose successor still runs (its predecessor finished the work during
         # a hand-over) trains no more: its nodes stay busy until that successor has ended.
-        running = [t for t in self.elastic.values() if t.state == "running" and not t.resolved]
-        queued = [t for t in self.elastic.values() if t.state == "queued"]
-        stopping = sum(1 for t in self.elastic.values() if t.state == "stopping")
+        running = [
+            t for t in self.elastic.values() if t.state == TaskState.RUNNING and not t.resolved
+        ]
+        queued = [t for t in self.elastic.values() if t.state == TaskState.QUEUED]
+        stopping = sum(1 for t in self.elastic.values() if t.state == TaskState.STOPPING)
         admitted = queued[: max(0, self.max_tasks - len(running) - stopping)]
         candidates = running + admitted
         if not candidates:
@@ -224,18 +234,18 @@ class Allocating:
             if same or task.id in frozen or busy:
                 continue
             added = set(step.nodes) - set(task.nodes)
-            running = task.state == "running"
+            running = task.state == TaskState.RUNNING
             if running and not added and self._trains_on(task, len(step.nodes)):
                 shrink = self._shrink(task, step.nodes, now)
                 if shrink is not None:
-                    out += [shrink, Note("fragment_shrink", shrink_fields(shrink))]
+                    out += [shrink, Note(LogEvent.FRAGMENT_SHRINK, shrink_fields(shrink))]
                     continue
             in_place = running and self._grows(task, len(added))
             if in_place and added <= available:
                 grow = self._grow(task, step.nodes, now)
                 if grow is not None:
                     names = {"task": task.id, "generation": task.generation}
-                    out += [grow, Note("fragment_grow", names | {"nodes": len(task.nodes)})]
+                    out += [grow, Note(LogEvent.FRAGMENT_GROW, names | {"nodes": len(task.nodes)})]
                     continue
             grows = added and set(task.nodes) <= set(step.nodes)
             if in_place and grows and not added <= available:
@@ -248,13 +258,13 @@ class Allocating:
                 self.handovers[(task.id, task.generation)] = Handover(
                     old[0], step.action.value, now + self.handover_timeout_s
                 )
-            elif task.state == "running":  # a cold rescale or a stop: restart after it
-                task.state = "stopping"
+            elif task.state == TaskState.RUNNING:  # a cold rescale or a stop: restart after it
+                task.state = TaskState.STOPPING
                 self._stop(task.id, task.generation, step.action.value, now, out)
             elif step.nodes and not set(step.nodes) <= available:
                 # Nodes another task gives back are busy until its fragment has stopped: start
                 # at the decision that follows that stop.
                 continue
             elif step.nodes:
-                task.state = "running"
+                task.state = TaskState.RUNNING
                 out.append(self._start(task, step.nodes, after=None, now=now))

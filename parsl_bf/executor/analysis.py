@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..training.reports import read_reports, spans_rate, step_spans
+from ..training.reports import ReportEvent, read_reports, spans_rate, step_spans
+from .lifecycle import LogEvent
 
 __all__ = [
     "PREEMPTING",
@@ -45,15 +46,15 @@ Event = Mapping[str, Any]
 PREEMPTING = frozenset({"walltime", "preempted", "pilot gone"})
 #: Events after which a fragment's processes have exited (its nodes are free again): one
 #: fragment's, and (the second) all of a task's.
-_FRAGMENT_ENDED = ("fragment_stopped", "fragment_failed", "fragment_lost")
+_FRAGMENT_ENDED = (LogEvent.FRAGMENT_STOPPED, LogEvent.FRAGMENT_FAILED, LogEvent.FRAGMENT_LOST)
 #: Rescale kinds of :attr:`RunFigures.rescale_s`: the command's event and the progress report
 #: of its first step at the new size.
 RESCALES = {
-    "grow_in_place": ("fragment_grow", "grown"),
-    "shrink_in_place": ("fragment_shrink", "shrunk"),
-    "handover": ("fragment_start", "start"),  # with ``after``: a warm successor
+    "grow_in_place": (LogEvent.FRAGMENT_GROW, ReportEvent.GROWN),
+    "shrink_in_place": (LogEvent.FRAGMENT_SHRINK, ReportEvent.SHRUNK),
+    "handover": (LogEvent.FRAGMENT_START, ReportEvent.START),  # with ``after``: a warm successor
 }
-_TASK_ENDED = ("task_done", "task_failed")
+_TASK_ENDED = (LogEvent.TASK_DONE, LogEvent.TASK_FAILED)
 
 
 @dataclass
@@ -135,7 +136,7 @@ def run_figures(
 
     for e in events:
         kind, t = e["event"], float(e["t"])
-        if kind == "fragment_start":
+        if kind == LogEvent.FRAGMENT_START:
             starts = launched.setdefault(e["task"], [])
             after = e.get("after")
             frags = {g: n for g, n in account(e["task"], t).items() if g == after}
@@ -145,7 +146,7 @@ def run_figures(
             res.fragments += t <= t_end
         elif kind in _TASK_ENDED and e.get("task") in running:
             account(e["task"], t).clear()
-        elif kind in ("fragment_shrunk", "fragment_grow") and running.get(e["task"]):
+        elif kind in (LogEvent.FRAGMENT_SHRUNK, LogEvent.FRAGMENT_GROW) and running.get(e["task"]):
             # Shrunk in place: the ranks given back have left, their nodes are free. Grown in
             # place: the joiners' nodes are the fragment's from the decision on.
             frags = account(e["task"], t)
@@ -154,15 +155,15 @@ def run_figures(
         elif kind in _FRAGMENT_ENDED and running.get(e["task"]):
             frags, gen = account(e["task"], t), e.get("generation")
             del frags[gen if gen in frags else min(frags)]
-        elif kind == "pilot_up":
+        elif kind == LogEvent.PILOT_UP:
             pilots[e["pilot"]] = (t, len(e["nodes"]))
             res.pilots += t <= t_end
-        elif kind == "pilot_gone" and e["pilot"] in pilots:
+        elif kind == LogEvent.PILOT_GONE and e["pilot"] in pilots:
             start, n = pilots.pop(e["pilot"])
             res.held_node_s += n * _overlap(start, t, t0, t_end)
-        elif kind == "fragment_stop" and e.get("reason") in PREEMPTING and t <= t_end:
+        elif kind == LogEvent.FRAGMENT_STOP and e.get("reason") in PREEMPTING and t <= t_end:
             res.preemptions += 1
-        elif kind == "decision":
+        elif kind == LogEvent.DECISION:
             res.decisions.append(float(e["seconds"]))
     for task in running:
         account(task, t_end)
@@ -188,7 +189,7 @@ def rescale_times(
         t = float(e["t"])
         if found is None or not t0 <= t <= t_end or e.get("task") not in reports:
             continue
-        if e["event"] == "fragment_start" and e.get("after") is None:
+        if e["event"] == LogEvent.FRAGMENT_START and e.get("after") is None:
             continue  # a start on nodes the task did not hold: not a rescale
         kind, report = found
         first = next(
@@ -213,7 +214,7 @@ def _task(
     kept = [r for r in reports if r["t"] <= t_end and "samples" in r]
     best = 0
     for r in kept:
-        if r["event"] == "start":
+        if r["event"] == ReportEvent.START:
             if best:
                 res.lost += max(0, best - (r["samples"] - batch))
             before = [(t, warm) for t, warm in launched if t <= r["first_step_at"]]
@@ -227,7 +228,7 @@ def _task(
                 if warm:
                     res.handover_s.append(res.waited_s[-1])
         best = max(best, r["samples"])
-        if r["event"] == "step" and r["world"] == 1 and r.get("rate") and r["t"] >= t0:
+        if r["event"] == ReportEvent.STEP and r["world"] == 1 and r.get("rate") and r["t"] >= t0:
             res.rates1.append(r["rate"])
     res.spans1 += [(n, dt) for world, n, dt, t in step_spans(kept) if world == 1 and t >= t0]
     return kept[-1]["samples"] if kept else 0
@@ -243,14 +244,14 @@ def _rank_spans(
     start → its first step), each with its nodes."""
     starts: dict[str, list[float]] = {}
     for e in events:
-        if e["event"] == "fragment_start":
+        if e["event"] == LogEvent.FRAGMENT_START:
             starts.setdefault(e["task"], []).append(float(e["t"]))
     training: list[Span] = []
     start_up: list[Span] = []
     for task, lines in reports.items():
         training += [(t, t + dt, w) for w, _, dt, t in step_spans(list(lines))]
         for r in lines:
-            if r["event"] == "start" and r.get("first_step_at"):
+            if r["event"] == ReportEvent.START and r.get("first_step_at"):
                 before = [t for t in starts.get(task, []) if t <= r["first_step_at"]]
                 if before:
                     start_up.append((before[-1], r["first_step_at"], int(r.get("world", 1))))
@@ -289,9 +290,9 @@ def node_time_series(
     pilots: list[Span] = []
     up: dict[str, tuple[float, int]] = {}
     for e in events:
-        if e["event"] == "pilot_up":
+        if e["event"] == LogEvent.PILOT_UP:
             up[e["pilot"]] = (float(e["t"]), len(e["nodes"]))
-        elif e["event"] == "pilot_gone" and e["pilot"] in up:
+        elif e["event"] == LogEvent.PILOT_GONE and e["pilot"] in up:
             began, n = up.pop(e["pilot"])
             pilots.append((began, float(e["t"]), n))
     end = float(events[-1]["t"]) if events else 0.0

@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import environment
 from ..pilot import outcome as runner
-from ..pilot.wire import RANKS_KEY
+from ..pilot.wire import RANKS_KEY, Op
 from ..training.command import mpiexec_argv, worker_argv
 from ..training.reports import write_result
 from ..training.resize import GrowRequest, ShrinkRequest
@@ -33,6 +33,7 @@ from .lifecycle import (
     FragmentOver,
     GrowFragment,
     LaunchFailed,
+    LogEvent,
     MarkLost,
     Note,
     Outlook,
@@ -54,7 +55,7 @@ __all__ = ["CarryingOut", "FragmentFailed", "Submission", "WARNED_NOTES"]
 log = logging.getLogger(__name__)
 
 #: Event-log notes also logged as warnings: a launch given up, a fragment that failed.
-WARNED_NOTES = ("fragment_start_timeout", "fragment_failed", "task_failed")
+WARNED_NOTES = (LogEvent.FRAGMENT_START_TIMEOUT, LogEvent.FRAGMENT_FAILED, LogEvent.TASK_FAILED)
 
 
 class FragmentFailed(RuntimeError):
@@ -115,7 +116,7 @@ class CarryingOut:
             if command.signal == "TERM" and generation is not None:
                 self._grows.pop((task_id, generation), None)  # it ends before it grows
             self._send(
-                command.pilot, {"op": "signal", "key": command.key, "signal": command.signal}
+                command.pilot, {"op": Op.SIGNAL, "key": command.key, "signal": command.signal}
             )
         elif isinstance(command, FragmentOver):
             key = (command.task, command.generation)
@@ -164,7 +165,7 @@ class CarryingOut:
         why = f"{type(exc).__name__}: {exc}"
         log.error("%s: %s not carried out: %s", self.label, _command_label(command), why)
         with contextlib.suppress(Exception):
-            self.event_log.emit("command_failed", command=_command_label(command), error=why)
+            self.event_log.emit(LogEvent.COMMAND_FAILED, command=_command_label(command), error=why)
         keys = _launch_keys(command)
         sent = set(self._sent)
         if keys and not set(keys) <= sent:  # all sent: launched, whatever failed after
@@ -172,7 +173,7 @@ class CarryingOut:
             for pilot, key in keys:
                 if (pilot, key) in sent:  # waits for peers that will never come
                     with contextlib.suppress(Exception):
-                        self._send(pilot, {"op": "signal", "key": key, "signal": "KILL"})
+                        self._send(pilot, {"op": Op.SIGNAL, "key": key, "signal": "KILL"})
                 else:  # a plain app fails with the error; a fragment's start is a failure
                     self._arrived(LaunchFailed(pilot, key, exc))
         sub = self._submissions.get(getattr(command, "task", ""))
@@ -234,7 +235,7 @@ class CarryingOut:
         if start.after is not None:
             self._ready[(start.task, start.generation)] = d.ready(start.generation)
         self.event_log.emit(
-            "fragment_start",
+            LogEvent.FRAGMENT_START,
             task=start.task,
             generation=start.generation,
             nodes=start.nodes,
@@ -328,7 +329,7 @@ class CarryingOut:
     ) -> None:  # fmt: skip
         """The channel's ``launch`` message (``ranks``: a fragment's, :data:`RANKS_KEY`)."""
         msg = {
-            "op": "launch", "key": key, "argv": [str(a) for a in argv], "env": env,
+            "op": Op.LAUNCH, "key": key, "argv": [str(a) for a in argv], "env": env,
             "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr),
         }  # fmt: skip
         if warm:

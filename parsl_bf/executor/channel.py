@@ -27,6 +27,7 @@ from ..pilot.wire import (
     MAX_GPUS,
     SILENCE_S,
     UNAUTHENTICATED,
+    Op,
     RefusalLog,
     Refused,
     ServerSession,
@@ -281,7 +282,7 @@ class PilotServer:
                     with self._lock:
                         live = list(self._peers.values())
                     for peer in live:
-                        self._send_to(peer, {"op": "ping"})
+                        self._send_to(peer, {"op": Op.PING})
                     next_ping = now + self.ping_s
                 self._check_heartbeats(now)
                 self.refusals.flush()
@@ -360,7 +361,7 @@ class PilotServer:
             self._refuse(identity, frames[-1], "bad signature")
             return
         op = msg.get("op")
-        if op == "register" and "session" not in msg:
+        if op == Op.REGISTER and "session" not in msg:
             self._register(identity, msg, frames[-1])
             return
         sid = session_of(msg)
@@ -392,20 +393,20 @@ class PilotServer:
                         "pilot %s is gone: %r ignored, telling it to shut down", peer.up.pilot, op
                     )
                 peer.told_to_leave = True
-                self._send_to(peer, {"op": "shutdown"})
+                self._send_to(peer, {"op": Op.SHUTDOWN})
             return
         self._dispatch(peer.up.pilot, op, msg)
 
     def _dispatch(self, pilot: str, op: object, msg: dict[str, Any]) -> None:
         try:
-            if op == "heartbeat":
+            if op == Op.HEARTBEAT:
                 pass
-            elif op == "preempted":
+            elif op == Op.PREEMPTED:
                 log.info("pilot %s: preempted (SIG%s)", pilot, msg["signal"])
                 self._emit(PilotPreempted(pilot, str(msg["signal"]), float(msg["at"])))
-            elif op == "exited":
+            elif op == Op.EXITED:
                 self._emit(ProcessExited(pilot, str(msg["key"]), int(msg["code"])))
-            elif op == "bye":
+            elif op == Op.BYE:
                 log.info("pilot %s: bye (%s)", pilot, msg.get("reason", "no reason given"))
                 self._drop(pilot, "bye")
             else:
@@ -474,7 +475,7 @@ class PilotServer:
         if clash:
             self.refusals.add(pilot, f"pilot {pilot} is already registered or gone")
             peer.told_to_leave = True
-            self._send_to(peer, {"op": "shutdown"})
+            self._send_to(peer, {"op": Op.SHUTDOWN})
             return
         log.info("pilot %s up on %s: nodes %s", pilot, peer.up.host, ",".join(peer.up.nodes))
         self._emit(peer.up)

@@ -47,7 +47,7 @@ from ..allocation import (
     Allocation,
     AllocatorSettings,
 )
-from ..decisions import IN_PLACE_REASONS
+from ..decisions import IN_PLACE_REASONS, PilotEnd
 from .accounting import Accounting
 from .allocating import Allocating
 from .fragments import FragmentLifecycle, note_fields, renumbered, shrink_fields
@@ -61,6 +61,7 @@ from .lifecycle import (
     FragmentReady,
     FragmentStarted,
     LaunchFailed,
+    LogEvent,
     Note,
     Outlook,
     PilotGone,
@@ -86,6 +87,7 @@ from .state import (
     Handover,
     PilotView,
     PlainTask,
+    TaskState,
     node_id,
     split_node,
 )
@@ -234,7 +236,7 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
             if view is None or view.leaving:
                 return False
             view.leaving = True
-            self.preemptions += event.reason == "preempted"
+            self.preemptions += event.reason == PilotEnd.PREEMPTED
             self._stop_fragments_on(event.pilot, event.reason, now, out)
         elif isinstance(event, PilotGone):
             self._pilot_gone(event.pilot, now, out)
@@ -301,11 +303,13 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
         gone took its ranks with it: their fragment stops."""
         in_place = reason in IN_PLACE_REASONS
         for task in self.elastic.values():
-            hit = task.state == "running" and any(split_node(n)[0] == pilot for n in task.nodes)
+            hit = task.state == TaskState.RUNNING and any(
+                split_node(n)[0] == pilot for n in task.nodes
+            )
             if hit and in_place and self._shrink_off(task, reason, now, out):
                 continue
             if hit:
-                task.state = "stopping"
+                task.state = TaskState.STOPPING
                 self._stop(task.id, task.generation, reason, now, out)
             if task.previous is not None and (
                 hit or any(split_node(n)[0] == pilot for n in task.previous[1])
@@ -325,7 +329,7 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
         shrink = self._shrink(task, stays, now)
         if shrink is None:
             return False
-        out += [shrink, Note("fragment_shrink", shrink_fields(shrink) | {"reason": reason})]
+        out += [shrink, Note(LogEvent.FRAGMENT_SHRINK, shrink_fields(shrink) | {"reason": reason})]
         return True
 
     def _leaving(self, pilot: str) -> bool:
@@ -345,9 +349,9 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
                     fragment.task, fragment.generation, key, -9, None, now, out, lost=True
                 )
         for task in self.plain.values():
-            if task.state == "running" and task.node and split_node(task.node)[0] == pilot:
-                task.state, task.node = "queued", None
-                out.append(Note("task_requeued", {"task": task.id, "reason": "pilot gone"}))
+            if task.state == TaskState.RUNNING and task.node and split_node(task.node)[0] == pilot:
+                task.state, task.node = TaskState.QUEUED, None
+                out.append(Note(LogEvent.TASK_REQUEUED, {"task": task.id, "reason": "pilot gone"}))
 
     def _tick(self, now: float, out: list[Command]) -> bool:
         """Deadlines: late hand-overs, stops not obeyed, pilots reaching their walltime."""
@@ -359,12 +363,12 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
             late = fragment.shrink_deadline is not None and now > fragment.shrink_deadline
             if late and fragment.leaving:
                 fragment.shrink_deadline = None  # not done in place: again at the new size
-                self.elastic[fragment.task].state = "stopping"
+                self.elastic[fragment.task].state = TaskState.STOPPING
                 self._stop(fragment.task, fragment.generation, "shrink not done", now, out)
             late = fragment.grow_deadline is not None and now > fragment.grow_deadline
             if late and fragment.joining:
                 fragment.grow_deadline = None
-                self.elastic[fragment.task].state = "stopping"
+                self.elastic[fragment.task].state = TaskState.STOPPING
                 self._stop(fragment.task, fragment.generation, "grow not done", now, out)
             late = fragment.start_deadline is not None and now > fragment.start_deadline
             if late and fragment.stop_reason is None:
@@ -375,7 +379,7 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
                 out += [
                     Signal(p, k, "KILL") for k, p in fragment.running.items() if p in self.pilots
                 ]
-                out.append(Note("fragment_kill", note_fields(fragment)))
+                out.append(Note(LogEvent.FRAGMENT_KILL, note_fields(fragment)))
         notices = self.notices()
         ending = [
             v.pilot
@@ -383,7 +387,7 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
             if not v.leaving and v.ends_at is not None and v.ends_at - now <= notices[v.pilot]
         ]
         for pilot in ending:
-            out.append(Note("pilot_ending", {"pilot": pilot}))
+            out.append(Note(LogEvent.PILOT_ENDING, {"pilot": pilot}))
             self._on(PilotLeaving(pilot, "walltime"), now, out)
         return bool(ending)
 
@@ -431,21 +435,25 @@ class Controller(FragmentLifecycle, Allocating, Accounting):
         """A plain app's process exited: its outcome sets its future; without one it runs
         again, unless it died on a pilot that stays more than ``max_restarts`` times."""
         task = self.plain.get(task_id)
-        if task is None or task.state != "running" or split_node(task.node or "")[0] != event.pilot:
+        if (
+            task is None
+            or task.state != TaskState.RUNNING
+            or split_node(task.node or "")[0] != event.pilot
+        ):
             return False  # a stale report: the task was queued again when its pilot went
         task.node = None
         task.crashes += event.result is None and not self._leaving(event.pilot)
         if event.result is None and task.crashes <= self.max_restarts:
             # Killed with its pilot (not its own error), or not yet crashed too often: again.
-            task.state = "queued"
-            out.append(Note("task_requeued", {"task": task_id, "code": event.code}))
+            task.state = TaskState.QUEUED
+            out.append(Note(LogEvent.TASK_REQUEUED, {"task": task_id, "code": event.code}))
             return True
         if event.result is None:  # it keeps dying on pilots that stay: fail, do not loop
             why = f"exit {event.code} without an outcome, {task.crashes} times on live pilots"
             ok, value = False, AppCrashed(why)
         else:
             ok, value = event.result
-        task.state = "done"
+        task.state = TaskState.DONE
         out.append(Resolve(task_id, value) if ok else Fail(task_id, value))
-        out.append(Note("task_done", {"task": task_id, "ok": ok}))
+        out.append(Note(LogEvent.TASK_DONE, {"task": task_id, "ok": ok}))
         return True

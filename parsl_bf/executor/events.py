@@ -14,6 +14,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from .lifecycle import LogEvent
+
 __all__ = ["EventLog", "read_status"]
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class EventLog:
         commands sent to the pilots; ``cause`` is its first kind of event, ``causes`` all."""
         self.decision_s.append(seconds)
         self.emit(
-            "decision",
+            LogEvent.DECISION,
             cause=cause,
             causes=causes or [cause],
             events=events,

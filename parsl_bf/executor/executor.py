@@ -13,16 +13,12 @@ it returns: fragment ranks started on pilots (``mpiexec … python -m
 parsl_bf.training.worker``, one launcher per pilot joined by the rendezvous), signals, plain
 apps run by :mod:`parsl_bf.pilot.runner`, futures set, the event log and ``status.json``.
 
-**Faults of the shell's own I/O** (a full disk). Each command is carried out on its own: one
-that raises is logged and the others are still carried out. A task's future is set even when
-its ``outcome.json`` cannot be written (only a rerun's shortcut is lost), and the event log
-and ``status.json`` drop what they cannot write. A launch that failed here is reported to the
-controller as its processes' exits with
-:data:`~parsl_bf.executor.lifecycle.LAUNCH_FAILED` (its groups already sent are KILLed): a
-fragment restarts from its checkpoint at most ``max_restarts`` times, then fails; a plain app
-fails with the error. So does a plain app whose runner could not write its outcome
-(:func:`~parsl_bf.pilot.outcome.no_outcome_error`: ``[Errno 28] No space left on device``)
-or which could not be launched on its pilot, rather than running again forever.
+**Faults of the shell's own I/O** (a full disk): each command is carried out on its own
+(:mod:`.carrying`); a launch that failed here is a
+:class:`~parsl_bf.executor.lifecycle.LaunchFailed` event: a fragment restarts from its
+checkpoint at most ``max_restarts`` times, then fails; a plain app fails with the error, as
+does one whose runner could not write its outcome
+(:func:`~parsl_bf.pilot.outcome.no_outcome_error`), rather than running again forever.
 
 Tasks are ordinary Parsl apps. An app whose ``parsl_resource_specification`` has ``work`` is an
 elastic training task: ``task`` names a ``module:function`` returning a
@@ -58,7 +54,7 @@ from pydantic import ValidationError
 
 from ..allocation import AllocatorSettings
 from ..checks import SettingError, check_count
-from ..pilot.wire import AGENT_MODULE, write_secret
+from ..pilot.wire import AGENT_MODULE, Op, write_secret
 from ..training.command import MPIEXEC
 from ..training.reports import ReportTail
 from ..training.resize import GrowRequest
@@ -67,6 +63,7 @@ from .channel import PilotServer
 from .controller import Controller, ElasticTask, PlainTask
 from .events import EventLog
 from .lifecycle import (
+    LogEvent,
     Outlook,
     TaskDir,
     TaskSubmitted,
@@ -302,7 +299,9 @@ class BackfillExecutor(DecisionLoop, CarryingOut, BlockProviderExecutor, Represe
         self.server.start()
         self._thread = threading.Thread(target=self._loop, name=f"{self.label}-decide", daemon=True)
         self._thread.start()
-        self.event_log.emit("start", url=self.server.url, provider=type(self.provider).__name__)
+        self.event_log.emit(
+            LogEvent.START, url=self.server.url, provider=type(self.provider).__name__
+        )
         super().start()
 
     def _get_launch_command(self, block_id: str) -> str:
@@ -340,11 +339,11 @@ class BackfillExecutor(DecisionLoop, CarryingOut, BlockProviderExecutor, Represe
                 self._held_until = until
                 log.info("%s: pilots failed to start; next pilot in %.1f s", self.label, left)
                 if self.event_log is not None:
-                    self.event_log.emit("pilots_held", until=round(until, 3), wanted=n)
+                    self.event_log.emit(LogEvent.PILOTS_HELD, until=round(until, 3), wanted=n)
             return []
         blocks = super().scale_out_facade(n)
         if blocks and self.event_log is not None:
-            self.event_log.emit("blocks_submitted", blocks=blocks)
+            self.event_log.emit(LogEvent.BLOCKS_SUBMITTED, blocks=blocks)
         return blocks
 
     def set_bad_state_and_fail_all(self, exception: Exception) -> None:
@@ -355,7 +354,7 @@ class BackfillExecutor(DecisionLoop, CarryingOut, BlockProviderExecutor, Represe
             if not sub.future.done():
                 sub.future.set_exception(BadStateException(self, exception))
                 if self.event_log is not None:
-                    self.event_log.emit("task_failed", task=task_id, error=str(exception))
+                    self.event_log.emit(LogEvent.TASK_FAILED, task=task_id, error=str(exception))
 
     def submit(self, func, resource_specification: dict[str, Any], *args, **kwargs) -> Future:
         if self.bad_state_is_set:
@@ -400,7 +399,7 @@ class BackfillExecutor(DecisionLoop, CarryingOut, BlockProviderExecutor, Represe
                 # With less work than asked (a trial sent on to a larger budget under its
                 # name), it trains on from its checkpoint instead.
                 self.event_log.emit(
-                    "task_done",
+                    LogEvent.TASK_DONE,
                     task=task_id,
                     samples=finished.get("samples"),
                     outcome=str(directory.outcome),
@@ -443,7 +442,7 @@ class BackfillExecutor(DecisionLoop, CarryingOut, BlockProviderExecutor, Represe
             self._thread.join(timeout=10)
         if self.server is not None:
             for pilot in list(self.server.pilots):
-                self.server.send(pilot, {"op": "shutdown"})
+                self.server.send(pilot, {"op": Op.SHUTDOWN})
             time.sleep(0.5)
             self.server.stop()
         if self.event_log is not None:
@@ -454,7 +453,7 @@ class BackfillExecutor(DecisionLoop, CarryingOut, BlockProviderExecutor, Represe
             for command in final:
                 if isinstance(command, WriteStatus):
                     self._write_status(command.snapshot)
-            self.event_log.emit("shutdown")
+            self.event_log.emit(LogEvent.SHUTDOWN)
         if getattr(self, "_log_handler", None) is not None:
             logging.getLogger("parsl_bf").removeHandler(self._log_handler)
             self._log_handler.close()

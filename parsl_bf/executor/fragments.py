@@ -59,6 +59,7 @@ from .lifecycle import (
     Fail,
     FragmentOver,
     GrowFragment,
+    LogEvent,
     MarkLost,
     Note,
     Placement,
@@ -78,6 +79,7 @@ from .state import (
     Handover,
     Node,
     PilotView,
+    TaskState,
     node_id,
     split_node,
 )
@@ -121,7 +123,7 @@ class FragmentLifecycle:
             f"its ranks had not started training {self.start_timeout(task):.0f} s after "
             f"the launch ({where})"
         )
-        out.append(Note("fragment_start_timeout", note_fields(fragment) | {"where": where}))
+        out.append(Note(LogEvent.FRAGMENT_START_TIMEOUT, note_fields(fragment) | {"where": where}))
         self._stop(task.id, fragment.generation, "start timed out", now, out)
 
     def _start(
@@ -221,7 +223,9 @@ class FragmentLifecycle:
         fragment = self.fragments.get((task.id, task.generation))
         if fragment is not None and fragment.joining:
             fragment.joining, fragment.grow_deadline = set(), None
-            out.append(Note("fragment_grown", note_fields(fragment) | {"nodes": len(task.nodes)}))
+            out.append(
+                Note(LogEvent.FRAGMENT_GROWN, note_fields(fragment) | {"nodes": len(task.nodes)})
+            )
 
     def _joining(self, task: ElasticTask) -> bool:
         """An in-place grow of the task's fragment is under way."""
@@ -242,7 +246,7 @@ class FragmentLifecycle:
         ]:
             del self.handovers[key]  # stopped now: nothing to wait for
         out += [Signal(p, k, "TERM") for k, p in fragment.running.items() if p in self.pilots]
-        out.append(Note("fragment_stop", note_fields(fragment) | {"reason": reason}))
+        out.append(Note(LogEvent.FRAGMENT_STOP, note_fields(fragment) | {"reason": reason}))
 
     def _launcher_exited(
         self,
@@ -269,7 +273,10 @@ class FragmentLifecycle:
                 if not fragment.leaving:
                     fragment.shrink_deadline = None
                     out.append(
-                        Note("fragment_shrunk", note_fields(fragment) | {"nodes": len(task.nodes)})
+                        Note(
+                            LogEvent.FRAGMENT_SHRUNK,
+                            note_fields(fragment) | {"nodes": len(task.nodes)},
+                        )
                     )
                 if fragment.running:
                     return True
@@ -303,7 +310,7 @@ class FragmentLifecycle:
                 # It died: the successor, waiting for its result, takes over from the last
                 # checkpoint as after a preemption.
                 out += [
-                    Note("fragment_lost", names | {"code": fragment.code}),
+                    Note(LogEvent.FRAGMENT_LOST, names | {"code": fragment.code}),
                     MarkLost(task.id, fragment.generation),
                 ]
             elif status == "done":
@@ -311,7 +318,7 @@ class FragmentLifecycle:
                 # result (the successor finds the final checkpoint and ends at once).
                 self._resolve(task, result, out)
             else:
-                out.append(Note("fragment_stopped", names | {"samples": samples}))
+                out.append(Note(LogEvent.FRAGMENT_STOPPED, names | {"samples": samples}))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
         elif status == "error":  # the task's own code raised: not worth a restart
             self._fail(task, str(result.get("error") or "error"), None, out)
@@ -326,11 +333,11 @@ class FragmentLifecycle:
                 # It answered an in-place resize by stopping, and says it always will (a loop
                 # of its own): from now on it is resized by a restart only.
                 task.resizes_in_place = False
-                out.append(Note("task_resizes_by_restart", names))
+                out.append(Note(LogEvent.TASK_RESIZES_BY_RESTART, names))
             if status == "stopped" and fragment.stopped_at is not None and not fragment.lost:
                 task.stops_s.append(now - fragment.stopped_at)
                 del task.stops_s[:-STOPS_KEPT]
-            out.append(Note("fragment_stopped", names | {"samples": samples}))
+            out.append(Note(LogEvent.FRAGMENT_STOPPED, names | {"samples": samples}))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
         elif task.restarts < self.max_restarts:
             # A crash (a rank killed, out of memory, a node lost, a launch that failed): again
@@ -340,7 +347,7 @@ class FragmentLifecycle:
             failed = names | {"code": fragment.code, "restarts": task.restarts}
             if fragment.why_failed:
                 failed["why"] = fragment.why_failed
-            out.append(Note("fragment_failed", failed))
+            out.append(Note(LogEvent.FRAGMENT_FAILED, failed))
             self._ended(task, fragment.generation, "stopped", samples, now, out)
         else:
             why = fragment.why_failed or f"exit {fragment.code}"
@@ -349,7 +356,7 @@ class FragmentLifecycle:
             self._ended(task, fragment.generation, "failed", samples, now, out)
 
     def _fail(self, task: ElasticTask, error: str, generation: int | None, out) -> None:
-        out.append(Note("task_failed", {"task": task.id, "error": error.splitlines()[-1:]}))
+        out.append(Note(LogEvent.TASK_FAILED, {"task": task.id, "error": error.splitlines()[-1:]}))
         out.append(Fail(task.id, error, generation))
         task.resolved = True
 
@@ -364,7 +371,7 @@ class FragmentLifecycle:
             }
             out += [
                 Resolve(task.id, result),
-                Note("task_done", {"task": task.id, "samples": result.get("samples")}),
+                Note(LogEvent.TASK_DONE, {"task": task.id, "samples": result.get("samples")}),
             ]
 
     def _ended(
@@ -379,27 +386,29 @@ class FragmentLifecycle:
         task.samples = max(task.samples, samples)
         if task.previous is not None and generation == task.previous[0]:
             task.previous = None  # handed over (or stopped): its nodes are free
-            if task.state == "stopping" and not task.nodes:
-                task.state = "queued"
-            if task.state == "queued" and task.resolved:
+            if task.state == TaskState.STOPPING and not task.nodes:
+                task.state = TaskState.QUEUED
+            if task.state == TaskState.QUEUED and task.resolved:
                 # It finished the work after its successor had already ended: nothing is left.
-                task.state = "done"
+                task.state = TaskState.DONE
             return
         if generation != task.generation:
             return
         task.nodes, task.releasing = (), ()
-        task.state = {"done": "done", "failed": "failed"}.get(status, "queued")
-        if task.state == "queued" and task.resolved:
+        task.state = {"done": TaskState.DONE, "failed": TaskState.FAILED}.get(
+            status, TaskState.QUEUED
+        )
+        if task.state == TaskState.QUEUED and task.resolved:
             # A predecessor finished the work during a hand-over: nothing is left to train.
             # Reports that reached the work are not enough (see ElasticTask.left).
-            task.state = "done"
+            task.state = TaskState.DONE
         if task.previous is not None:
             # The successor ended before the hand-over: the previous fragment must stop
             # before the task may start again (two fragments would share one checkpoint).
             self.handovers.pop((task.id, generation), None)
             self._stop(task.id, task.previous[0], "successor ended", now, out)
-            if task.state == "queued":
-                task.state = "stopping"
+            if task.state == TaskState.QUEUED:
+                task.state = TaskState.STOPPING
 
 
 def renumbered(

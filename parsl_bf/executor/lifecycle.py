@@ -18,11 +18,13 @@ Nothing here does I/O; the shell and the controller import the same names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "E_SLACK",
+    "LogEvent",
     "PilotUp",
     "PilotLeaving",
     "PilotGone",
@@ -70,6 +72,41 @@ E_SLACK = 0.02
 
 #: One launcher per pilot a fragment spans: (pilot, its hosts the fragment runs on).
 Placement = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+class LogEvent(StrEnum):
+    """The name of every line of the event log (``events.jsonl``): what the controller's
+    :class:`Note` says and what the shell logs itself. The readers of a finished run
+    (:mod:`parsl_bf.executor.analysis`, the benchmarks) read the same names."""
+
+    START = "start"
+    SHUTDOWN = "shutdown"
+    DECISION = "decision"
+    BLOCKS_SUBMITTED = "blocks_submitted"
+    PILOTS_HELD = "pilots_held"
+    COMMAND_FAILED = "command_failed"
+    REFUSED = "refused"
+    PILOT_UP = "pilot_up"
+    PILOT_PREEMPTED = "pilot_preempted"
+    PILOT_CANCELLED = "pilot_cancelled"
+    PILOT_GONE = "pilot_gone"
+    PILOT_ENDING = "pilot_ending"
+    TASK_SUBMITTED = "task_submitted"
+    TASK_DONE = "task_done"
+    TASK_FAILED = "task_failed"
+    TASK_REQUEUED = "task_requeued"
+    TASK_RESIZES_BY_RESTART = "task_resizes_by_restart"
+    FRAGMENT_START = "fragment_start"
+    FRAGMENT_STOP = "fragment_stop"
+    FRAGMENT_STOPPED = "fragment_stopped"
+    FRAGMENT_KILL = "fragment_kill"
+    FRAGMENT_LOST = "fragment_lost"
+    FRAGMENT_FAILED = "fragment_failed"
+    FRAGMENT_START_TIMEOUT = "fragment_start_timeout"
+    FRAGMENT_SHRINK = "fragment_shrink"
+    FRAGMENT_SHRUNK = "fragment_shrunk"
+    FRAGMENT_GROW = "fragment_grow"
+    FRAGMENT_GROWN = "fragment_grown"
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -345,7 +382,7 @@ class MarkLost:
 class Note:
     """A line for the event log: what was decided and why."""
 
-    event: str
+    event: LogEvent
     fields: dict[str, Any] = field(default_factory=dict)
 
 

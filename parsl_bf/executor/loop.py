@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..decisions import leaving_reason
+from ..decisions import PilotEnd, leaving_reason
 from ..pilot.outcome import RunnerError, no_outcome_error, read_outcome
-from ..pilot.wire import Refused, standbys_for
-from ..training.reports import ReportTail
+from ..pilot.wire import Op, Refused, standbys_for
+from ..training.reports import ReportEvent, ReportTail
 from ..training.resize import GrowRequest
 from . import channel
 from .carrying import _NO_STDERR, Submission, _tail
@@ -32,6 +32,7 @@ from .lifecycle import (
     FragmentReady,
     FragmentStarted,
     LaunchFailed,
+    LogEvent,
     Outlook,
     PilotGone,
     PilotLeaving,
@@ -181,7 +182,7 @@ class DecisionLoop:
             if pilot not in self._warmed:
                 self._warmed.add(pilot)
                 size = standbys_for(up.nodes, up.host, up.gpus)
-                self._send(pilot, {"op": "warm_ranks", "size": size, "mpiexec": self.mpiexec})
+                self._send(pilot, {"op": Op.WARM_RANKS, "size": size, "mpiexec": self.mpiexec})
 
     def _events_of(self, item: object) -> list[Event]:
         """The lifecycle events of one arrival, with the files it left read now."""
@@ -192,25 +193,29 @@ class DecisionLoop:
             return [item]
         if isinstance(item, TaskSubmitted):
             log_.emit(
-                "task_submitted", task=item.task.id, elastic=isinstance(item.task, ElasticTask)
+                LogEvent.TASK_SUBMITTED,
+                task=item.task.id,
+                elastic=isinstance(item.task, ElasticTask),
             )
             return [item]
         if isinstance(item, channel.PilotUp):
-            log_.emit("pilot_up", pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at)
+            log_.emit(
+                LogEvent.PILOT_UP, pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at
+            )
             return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at, item.gpus)]
         if isinstance(item, channel.PilotPreempted):
             # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
             known = getattr(self.provider, "pilots", {}).get(item.pilot)
             reason = leaving_reason(known.reason if known is not None else None)
-            log_.emit(f"pilot_{reason}", pilot=item.pilot, signal=item.signal)
+            log_.emit(LogEvent(f"pilot_{reason}"), pilot=item.pilot, signal=item.signal)
             return [PilotLeaving(item.pilot, reason)]
         if isinstance(item, channel.PilotGone):
-            log_.emit("pilot_gone", pilot=item.pilot, reason=item.reason)
+            log_.emit(LogEvent.PILOT_GONE, pilot=item.pilot, reason=item.reason)
             return [PilotGone(item.pilot, item.reason)]
         if isinstance(item, channel.ProcessExited):
             return self._exit_of(item)
         if isinstance(item, Refused):
-            log_.emit("refused", peer=item.peer, reason=item.reason, count=item.count)
+            log_.emit(LogEvent.REFUSED, peer=item.peer, reason=item.reason, count=item.count)
         return []
 
     def _exit_of(self, item: channel.ProcessExited) -> list[Event]:
@@ -247,7 +252,7 @@ class DecisionLoop:
             )
         out: list[Event] = []
         for r in tail.read():
-            if r["event"] == "step":
+            if r["event"] == ReportEvent.STEP:
                 share = r.get("cpu_share")
                 out.append(
                     Progress(
@@ -255,14 +260,14 @@ class DecisionLoop:
                         float(share) if isinstance(share, int | float) else None,
                     )
                 )  # fmt: skip
-            elif r["event"] == "eval":  # the task's own metrics, for parsl-bf status
+            elif r["event"] == ReportEvent.EVAL:  # the task's own metrics, for parsl-bf status
                 out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
-            elif r["event"] in ("shrunk", "grown"):
+            elif r["event"] in (ReportEvent.SHRUNK, ReportEvent.GROWN):
                 asked = self._resize_asked.pop(task_id, None)
                 seconds = r["first_step_at"] - asked if asked and r.get("first_step_at") else -1
-                kind = "shrink" if r["event"] == "shrunk" else "grow"
+                kind = "shrink" if r["event"] == ReportEvent.SHRUNK else "grow"
                 out.append(Rescaled(task_id, seconds, in_place=kind))
-            elif r["event"] == "start":
+            elif r["event"] == ReportEvent.START:
                 out.append(FragmentStarted(task_id, int(r.get("samples") or 0)))
                 if r.get("stopped_at") and r.get("first_step_at"):
                     # From the later of the old fragment's stop and the new one's process
@@ -292,7 +297,7 @@ class DecisionLoop:
 def _cause(event: Event) -> str | None:
     """What an event is called in the decision log (None: not a cause worth naming)."""
     if isinstance(event, PilotLeaving):
-        return "pilot ending" if event.reason == "walltime" else f"pilot {event.reason}"
+        return "pilot ending" if event.reason == PilotEnd.WALLTIME else f"pilot {event.reason}"
     return {
         PilotUp: "pilot up",
         PilotGone: "pilot gone",

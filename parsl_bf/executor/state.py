@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from .lifecycle import (
@@ -14,6 +15,7 @@ from .lifecycle import (
 
 __all__ = [
     "Node",
+    "TaskState",
     "node_id",
     "split_node",
     "PilotView",
@@ -41,6 +43,19 @@ STOPS_KEPT = 10
 #: A fragment's start may take this many times the task's longest measured start (a start on
 #: a loaded node is slower, a launch that cannot start never ends) before it counts as failed.
 START_MARGIN = 4.0
+
+
+class TaskState(StrEnum):
+    """Where a task is. An elastic task: ``queued`` (no fragment: waiting for nodes, or
+    between two fragments), ``running`` (a fragment holds its nodes), ``stopping`` (told to
+    stop, for a cold rescale or a preemption: it starts again once its fragments have all
+    exited), then ``done`` or ``failed``. A plain task: ``queued``, ``running``, ``done``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+    FAILED = "failed"
 
 
 def node_id(pilot: str, host: str) -> Node:
@@ -87,7 +102,7 @@ class ElasticTask:
     samples: int = 0
     nodes: tuple[Node, ...] = ()  # the running fragment's nodes
     generation: int = 0  # fragments started so far
-    state: str = "queued"  # queued, running, stopping, done, failed
+    state: TaskState = TaskState.QUEUED
     # The previous fragment (generation, nodes) while it hands over to the current one: its
     # nodes stay busy, and the task is not rescaled again, until it has exited.
     previous: tuple[int, tuple[Node, ...]] | None = None
@@ -149,7 +164,7 @@ class ElasticTask:
     def held(self) -> set[Node]:
         """The nodes its fragments occupy: the current one's, a handing-over one's and those
         an in-place shrink is giving back."""
-        nodes = set(self.nodes) if self.state in ("running", "stopping") else set()
+        nodes = set(self.nodes) if self.state in (TaskState.RUNNING, TaskState.STOPPING) else set()
         nodes |= set(self.releasing)
         return nodes | set(self.previous[1]) if self.previous is not None else nodes
 
@@ -179,7 +194,7 @@ class PlainTask:
 
     id: str
     node: Node | None = None
-    state: str = "queued"  # queued, running, done
+    state: TaskState = TaskState.QUEUED  # QUEUED, RUNNING, DONE
     attempts: int = 0
     # Times it exited without an outcome on a pilot that stays (not its pilot's end)
     crashes: int = 0

@@ -67,6 +67,7 @@ from .wire import (
     RANKS_KEY,
     SILENCE_S,
     AgentSession,
+    Op,
     RefusalLog,
     client_socket,
     read_secret,
@@ -179,7 +180,7 @@ class Agent:
 
     def _handle(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
-        if op == "welcome":
+        if op == Op.WELCOME:
             if not self._welcomed:
                 log.info("registered with %s", self.url)
             self._welcomed = True
@@ -188,17 +189,17 @@ class Agent:
             # Several heartbeats per timeout, whatever --heartbeat-s says.
             self.heartbeat_s = min(self.heartbeat_s, timeout / 3)
             # At once: our first message in the session is what makes the pilot up.
-            self._send({"op": "heartbeat"})
+            self._send({"op": Op.HEARTBEAT})
             self._next_beat = time.monotonic() + self.heartbeat_s
-        elif op == "ping":
+        elif op == Op.PING:
             pass
-        elif op == "launch":
+        elif op == Op.LAUNCH:
             self._launch(msg)
-        elif op == "signal":
+        elif op == Op.SIGNAL:
             self._signal_one(str(msg["key"]), str(msg["signal"]))
-        elif op == "warm_ranks":
+        elif op == Op.WARM_RANKS:
             self._start_pool(int(msg["size"]), str(msg["mpiexec"]))
-        elif op == "shutdown":
+        elif op == Op.SHUTDOWN:
             log.info("shutdown requested")
             self._leave("shutdown", kill_after=SHUTDOWN_GRACE_S)
         else:
@@ -214,7 +215,7 @@ class Agent:
         if self._ending is not None:
             # Too late: report it as a process that got the preemption's SIGTERM at once.
             log.warning("launch %s refused: leaving (%s)", key, self._ending)
-            self._send({"op": "exited", "key": key, "code": -signal.SIGTERM})
+            self._send({"op": Op.EXITED, "key": key, "code": -signal.SIGTERM})
             return
         stdout, stderr = msg.get("stdout"), msg.get("stderr")
         try:
@@ -263,7 +264,7 @@ class Agent:
             if stderr:  # where the executor looks for what went wrong with this process
                 with contextlib.suppress(OSError), open(stderr, "a") as f:
                     f.write(f"parsl-bf agent {self.identity.pilot}: launch failed: {exc}\n")
-            self._send({"op": "exited", "key": key, "code": code})
+            self._send({"op": Op.EXITED, "key": key, "code": code})
             return
         self.procs[key] = proc
         log.info("launched %s (pid %d): %s", key, proc.pid, " ".join(argv))
@@ -390,7 +391,7 @@ class Agent:
                 killpg(proc.pid, signal.SIGKILL)
             del self.procs[key]
             log.info("%s exited with %d", key, code)
-            self._send({"op": "exited", "key": key, "code": code})
+            self._send({"op": Op.EXITED, "key": key, "code": code})
 
     # --- leaving ----------------------------------------------------------------------------
 
@@ -407,7 +408,7 @@ class Agent:
         if self._ending is not None:
             return
         log.warning("preempted (%s): SIGTERM to %d process group(s)", name, len(self.procs))
-        self._send({"op": "preempted", "signal": name, "at": time.time()})
+        self._send({"op": Op.PREEMPTED, "signal": name, "at": time.time()})
         self._leave(f"preempted ({name})")
 
     def _driver_silent(self, now: float) -> None:
@@ -513,7 +514,7 @@ class Agent:
                 )
                 return EXIT_NO_WELCOME
             if self._welcomed and now >= self._next_beat:
-                self._send({"op": "heartbeat"})
+                self._send({"op": Op.HEARTBEAT})
                 self._next_beat = now + self.heartbeat_s
             if self._welcomed and now - self._last_heard > self._silence_s:
                 self._driver_silent(now)
@@ -529,7 +530,7 @@ class Agent:
                 if self._lost:
                     log.error("exiting: the driver is silent")
                     return self._exit_code
-                self._send({"op": "bye", "reason": self._ending})
+                self._send({"op": Op.BYE, "reason": self._ending})
                 log.info("bye (%s)", self._ending)
                 return self._exit_code
 

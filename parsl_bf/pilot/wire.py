@@ -115,12 +115,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import zmq
 from zmq.utils import z85
 
 __all__ = [
+    "Op",
     "AGENT_MODULE",
     "AgentSession",
     "CurveKeys",
@@ -143,6 +145,25 @@ __all__ = [
     "verify",
     "write_secret",
 ]
+
+
+class Op(StrEnum):
+    """A message's ``op`` (module docstring): from the agent ``register``, ``heartbeat``,
+    ``preempted``, ``exited``, ``bye``; from the executor ``welcome``, ``launch``, ``signal``,
+    ``warm_ranks``, ``shutdown``, ``ping``."""
+
+    REGISTER = "register"
+    WELCOME = "welcome"
+    HEARTBEAT = "heartbeat"
+    PREEMPTED = "preempted"
+    EXITED = "exited"
+    BYE = "bye"
+    LAUNCH = "launch"
+    SIGNAL = "signal"
+    SHUTDOWN = "shutdown"
+    PING = "ping"
+    WARM_RANKS = "warm_ranks"
+
 
 #: The agent's module: a pilot runs ``python -m AGENT_MODULE --url URL --secret-file FILE``.
 AGENT_MODULE = "parsl_bf.pilot.agent"
@@ -350,7 +371,7 @@ class AgentSession(_Session):
 
     def register(self, msg: dict[str, Any]) -> list[bytes]:
         """The frames of the ``register`` message ``msg`` (pilot, nodes, ends_at, host)."""
-        fields = {"op": "register", "from": self.me, "nonce": self.agent_nonce, "seq": 0}
+        fields = {"op": Op.REGISTER, "from": self.me, "nonce": self.agent_nonce, "seq": 0}
         return sign(self.secret, {**msg, **fields})
 
     def seal(self, msg: dict[str, Any]) -> list[bytes]:
@@ -386,7 +407,7 @@ class ServerSession(_Session):
 
     def welcome(self, msg: dict[str, Any]) -> list[bytes]:
         """The frames of the ``welcome`` (``msg``: its parameters), counter 0."""
-        fields = {"op": "welcome", "from": self.me, "session": list(self.id), "seq": 0}
+        fields = {"op": Op.WELCOME, "from": self.me, "session": list(self.id), "seq": 0}
         return sign(self.secret, {**msg, **fields})
 
 

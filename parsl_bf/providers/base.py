@@ -11,6 +11,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 from parsl.jobs.states import JobState
 
 from ..checks import SettingError, check_count, check_number
+from ..decisions import PilotEnd
 
 __all__ = [
     "BackfillProvider",
@@ -26,7 +27,7 @@ __all__ = [
 #: ``Pilot.reason`` of a pilot that the scheduler ended, not through any fault of its own: a
 #: main job took its nodes back, or its walltime ran out. Its tasks deserve to be retried
 #: elsewhere, and it is not a failed block.
-SCHEDULER_ENDS = frozenset({"preempted", "walltime"})
+SCHEDULER_ENDS = frozenset({PilotEnd.PREEMPTED, PilotEnd.WALLTIME})
 
 
 class SchedulerError(RuntimeError):

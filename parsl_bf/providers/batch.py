@@ -32,7 +32,7 @@ from parsl.providers.errors import SubmitException
 
 from .. import environment
 from ..checks import SettingError, check_count, check_number
-from ..decisions import cancel_reason
+from ..decisions import PilotEnd, cancel_reason
 from .base import Pilot, SchedulerError, check_blocks, check_walltimes, python_bin
 from .pilots import PilotProvider
 from .sizing import Hole, PilotRequest, Sizing, sizing_request
@@ -468,7 +468,7 @@ done
                 submitted.append(pilot.scheduler_id)
             signalled = job.request is not None and pilot.signalled_at is not None
             pilot.reason = cancel_reason(signalled)
-            if pilot.reason == "preempted":  # in its grace time: the cancel only hastens it
+            if pilot.reason == PilotEnd.PREEMPTED:  # in its grace time: the cancel only hastens it
                 pilot.state = JobState.TIMEOUT
                 continue
             pilot.state = JobState.CANCELLED

@@ -39,6 +39,7 @@ from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 from parsl.jobs.errors import TooManyJobFailuresError
 from parsl.jobs.states import JobState, JobStatus
 
+from ..decisions import PilotEnd
 from .base import SCHEDULER_ENDS, Pilot
 
 __all__ = [
@@ -67,7 +68,7 @@ def block_outcome(state: JobState, pilot: Pilot | None) -> str:
     or when the submission itself failed); its ``reason`` overrides the executor's state,
     which may say ``MISSING`` for a pilot preempted before its workers connected.
     """
-    if pilot is not None and (pilot.reason in SCHEDULER_ENDS or pilot.reason == "cancelled"):
+    if pilot is not None and (pilot.reason in SCHEDULER_ENDS or pilot.reason == PilotEnd.CANCELLED):
         return "ended"
     if state in (JobState.FAILED, JobState.MISSING):
         return "failed"
@@ -246,7 +247,7 @@ class BackfillErrorHandler:
                 for p in list(pilots.values())
                 if p.state is JobState.RUNNING
             ],
-            "preemptions": sum(1 for p in list(pilots.values()) if p.reason == "preempted"),
+            "preemptions": sum(1 for p in list(pilots.values()) if p.reason == PilotEnd.PREEMPTED),
             "failed_blocks": sum(1 for r in self.blocks.values() if r.outcome == "failed"),
             "backoff_s_left": round(self.holding(now), 1),
         }

@@ -54,7 +54,7 @@ from .checkpoint import (
 )
 from .data import step_plan
 from .exchange import quiet_barrier
-from .reports import ReportSink
+from .reports import ReportEvent, ReportSink
 from .trainer import rank_device
 
 __all__ = [
@@ -147,7 +147,7 @@ class Session:
         if self.comm.rank == 0:
             if self._first_step:
                 self.reports.emit(
-                    "start",
+                    ReportEvent.START,
                     world=self.comm.size,
                     samples=self.samples,
                     resume_s=now - self._began,
@@ -162,8 +162,8 @@ class Session:
                 cpu = time.process_time()
                 share = (cpu - last_cpu) / max(1e-9, now - t)  # as the worker's
                 self.reports.emit(
-                    "step", world=self.comm.size, samples=self.samples, rate=rate, loss=self.loss,
-                    cpu_share=round(share, 4),
+                    ReportEvent.STEP, world=self.comm.size, samples=self.samples, rate=rate,
+                    loss=self.loss, cpu_share=round(share, 4),
                 )  # fmt: skip
                 self._last = (now, self.samples, cpu)
         self._first_step = False
@@ -378,7 +378,7 @@ def report(**metrics: float) -> None:
         s.loss = values["loss"]
     if s.comm.rank == 0:
         s.metrics_history.append({"samples": s.samples, **values})
-        s.reports.emit("eval", samples=s.samples, metrics=values)
+        s.reports.emit(ReportEvent.EVAL, samples=s.samples, metrics=values)
 
 
 def save(obj: Any, path: str | os.PathLike) -> str | None:

@@ -3,8 +3,10 @@
 Rank 0 appends one JSON object per line to the report file: ``start`` (a run of the fragment at
 world size ``world`` began; ``resume_s`` is the time from process start to the first step,
 ``stopped_at`` the wall time its predecessor stopped), ``step`` (samples/s over the last
-interval, loss), ``stop`` (checkpointed on a signal) and ``done``. The executor reads these, and
-:class:`ScalingProfiler` turns them into the allocator's scaling curve and rescale cost.
+interval, loss), ``eval``, ``shrunk`` and ``grown`` (the first step after an in-place
+resize), ``stopped`` (checkpointed on a signal) and ``done`` (:class:`ReportEvent`). The
+executor reads these, and :class:`ScalingProfiler` turns them into the allocator's scaling
+curve and rescale cost.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ReportEvent",
     "ReportSink",
     "ReportTail",
     "ScalingProfiler",
@@ -28,6 +32,19 @@ __all__ = [
 ]
 
 
+class ReportEvent(StrEnum):
+    """The ``event`` of a progress report's line: written by rank 0 of a fragment (the trainer
+    and a task's own loop), read by the executor, the analysis of a run and the benchmarks."""
+
+    START = "start"
+    STEP = "step"
+    EVAL = "eval"
+    SHRUNK = "shrunk"
+    GROWN = "grown"
+    STOPPED = "stopped"
+    DONE = "done"
+
+
 class ReportSink:
     """Appends report lines to a file (one ``write`` per line, so readers see whole lines)."""
 
@@ -36,7 +53,9 @@ class ReportSink:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: ReportEvent | str, **fields: Any) -> None:
+        """Append one line; ``event`` must be a :class:`ReportEvent` (ValueError otherwise)."""
+        event = ReportEvent(event)
         if self.path is None:
             return
         line = json.dumps({"t": time.time(), "event": event, **fields}) + "\n"
@@ -119,9 +138,9 @@ class ScalingProfiler:
         #: world → (samples, seconds) of each span between two step reports (:func:`step_spans`)
         self.spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for r in reports:
-            if r["event"] == "step" and r.get("rate"):
+            if r["event"] == ReportEvent.STEP and r.get("rate"):
                 self.rates[int(r["world"])].append(float(r["rate"]))
-            elif r["event"] == "start" and r.get("stopped_at"):
+            elif r["event"] == ReportEvent.START and r.get("stopped_at"):
                 self.rescale_s.append(float(r["first_step_at"]) - float(r["stopped_at"]))
         for world, samples, seconds, _ in step_spans(reports):
             self.spans[world].append((samples, seconds))

@@ -44,7 +44,7 @@ from .data import step_plan, total_steps
 from .exchange import FlatGradients, fingerprint, quiet_barrier
 from .handover import Receiver
 from .rendezvous import join, refuse
-from .reports import ReportSink
+from .reports import ReportEvent, ReportSink
 from .resize import GrowRequest, ShrinkRequest
 from .syncbn import convert_batchnorm, has_batchnorm, set_comm
 
@@ -531,7 +531,7 @@ class ElasticTrainer:
                     first_step_at = now
                     if rank == 0:
                         self.reports.emit(
-                            "start",
+                            ReportEvent.START,
                             world=world,
                             samples=samples,
                             resume_s=now - self.began,
@@ -556,8 +556,8 @@ class ElasticTrainer:
                     # cores, what a node could do in this span (Controller.efficiency).
                     share = (cpu - last_cpu) / max(1e-9, now - last_t)
                     self.reports.emit(
-                        "step", world=world, samples=samples, rate=rate, loss=total_loss,
-                        cpu_share=round(share, 4),
+                        ReportEvent.STEP, world=world, samples=samples, rate=rate,
+                        loss=total_loss, cpu_share=round(share, 4),
                     )  # fmt: skip
                     last_t, last_samples, last_cpu = now, samples, cpu
                 every = task.evaluate_every
@@ -723,7 +723,7 @@ class ElasticTrainer:
         metrics = {k: float(v) for k, v in metrics.items()}
         if not history or history[-1].get("samples") != samples:
             history.append({"samples": samples, **metrics})
-            self.reports.emit("eval", samples=samples, metrics=metrics)
+            self.reports.emit(ReportEvent.EVAL, samples=samples, metrics=metrics)
         return metrics
 
     def _save(self, saved: dict[str, Any], samples: int, steps: int, stopped_at: float | None):

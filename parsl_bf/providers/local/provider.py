@@ -39,6 +39,7 @@ from parsl.launchers.base import Launcher
 
 from ... import environment
 from ...checks import SettingError, check_count, check_number
+from ...decisions import PilotEnd
 from ...inputs.trace import IdleTrace, load_trace
 from ..base import Pilot, check_blocks, check_walltimes, python_bin
 from ..pilots import PilotProvider
@@ -333,7 +334,7 @@ class LocalBackfillProvider(PilotProvider):
             # within the grace time or killed after it.
             if exited and not _session_alive(job.proc.pid):
                 self._reap(job)
-                cancelled = pilot.reason == "cancelled"
+                cancelled = pilot.reason == PilotEnd.CANCELLED
                 pilot.state = JobState.CANCELLED if cancelled else JobState.TIMEOUT
             elif now - job.term_sent >= self.grace_s:
                 if job.kill_sent is None:
@@ -470,7 +471,7 @@ class LocalBackfillProvider(PilotProvider):
         for job_id in job_ids:
             job = self._jobs[job_id]
             if job.pilot.state is JobState.PENDING:
-                job.pilot.state, job.pilot.reason = JobState.CANCELLED, "cancelled"
+                job.pilot.state, job.pilot.reason = JobState.CANCELLED, PilotEnd.CANCELLED
             elif job.term_sent is None:
                 self._terminate(job, "cancelled", now)
 

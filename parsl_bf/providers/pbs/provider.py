@@ -23,7 +23,7 @@ from parsl.launchers import MpiRunLauncher
 from parsl.launchers.base import Launcher
 
 from ...checks import check_count
-from ...decisions import walltime_reached
+from ...decisions import PilotEnd, walltime_reached
 from ..base import Pilot, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import Hole, PilotRequest
@@ -101,17 +101,17 @@ def pilot_from_job(job: dict[str, Any], signal_lead_s: float, job_id: str = "") 
     elif state in _RUNNING:
         pilot.state = JobState.RUNNING
     elif state in _SUSPENDED:
-        pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+        pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.PREEMPTED
         pilot.signalled_at = pilot.signalled_at or pbs_time(job.get("mtime"))
     elif state in _FINISHED:
         if started is None and (exit_status is None or exit_status >= 0):
             pilot.state, pilot.reason = JobState.CANCELLED, f"deleted before it ran: {comment}"
         elif exit_status == JOB_EXEC_KILL_WALLTIME:
-            pilot.state, pilot.reason = JobState.TIMEOUT, "walltime"
+            pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.WALLTIME
         elif exit_status in _PREEMPTED_EXITS or preempted_at is not None:
-            pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+            pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.PREEMPTED
         elif at_limit and (exit_status in (None, 0) or exit_status in _SIGNALLED):
-            pilot.state, pilot.reason = JobState.TIMEOUT, "walltime"
+            pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.WALLTIME
         elif _int(job.get("substate")) == SUBSTATE_TERMINATED or exit_status in (256 + 15, 256 + 9):
             pilot.state = JobState.CANCELLED
             pilot.reason = f"deleted (qdel or preemption by deletion), exit status {exit_status}"
@@ -247,7 +247,7 @@ class PBSProBackfillProvider(BatchBackfillProvider):
             # a site that ignores -r n (it would come back at another size): end it. The
             # executor asks for a pilot sized to the holes of now.
             commands.qdel([scheduler_id], self._run)
-            pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+            pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.PREEMPTED
         return pilot
 
     def _cancel(self, scheduler_ids: list[str]) -> None:

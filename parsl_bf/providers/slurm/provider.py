@@ -24,7 +24,7 @@ from parsl.launchers import SrunLauncher
 from parsl.launchers.base import Launcher
 
 from ...checks import SettingError
-from ...decisions import walltime_reached
+from ...decisions import PilotEnd, walltime_reached
 from ..base import Pilot, parse_walltime
 from ..batch import BatchBackfillProvider, _Job, shared_settings
 from ..sizing import SIZINGS, Hole, PilotRequest, Sizing
@@ -82,13 +82,13 @@ def pilot_from_job(
     elif state in _HELD:
         pilot.state = JobState.HELD
     elif preempted_at is not None or state == "PREEMPTED":
-        pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+        pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.PREEMPTED
     elif state in ("TIMEOUT", "DEADLINE") or (state == "COMPLETED" and at_limit):
-        pilot.state, pilot.reason = JobState.TIMEOUT, "walltime"
+        pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.WALLTIME
     elif state == "COMPLETED":
         pilot.state, pilot.reason = JobState.COMPLETED, "exit code 0"
     elif state == "CANCELLED":
-        pilot.state, pilot.reason = JobState.CANCELLED, "cancelled"
+        pilot.state, pilot.reason = JobState.CANCELLED, PilotEnd.CANCELLED
     elif state in _FAILED:
         pilot.state = JobState.FAILED
         pilot.reason = f"{state.lower()}, exit code {fields.get('ExitCode', '?')}"
@@ -230,7 +230,7 @@ class SlurmBackfillProvider(BatchBackfillProvider):
             # Requeued by a site that ignores --no-requeue: it would come back at another
             # size in ~2 minutes. End it; the executor asks for a pilot sized to the holes.
             commands.scancel([scheduler_id], self._run)
-            pilot.state, pilot.reason = JobState.TIMEOUT, "preempted"
+            pilot.state, pilot.reason = JobState.TIMEOUT, PilotEnd.PREEMPTED
         return pilot
 
     def _cancel(self, scheduler_ids: list[str]) -> None:
