@@ -6,39 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..allocation import (
-    Allocation,
-)
 from .lifecycle import (
     E_SLACK,
     Progress,
 )
 from .state import (
     MEASURED_KEPT,
+    ControllerState,
     ElasticTask,
-    PilotView,
-    PlainTask,
     TaskState,
 )
 
 __all__ = ["Accounting"]
 
 
-class Accounting:
+class Accounting(ControllerState):
     """Node-seconds, scaling curves and efficiencies of the run so far. A role of
-    :class:`~parsl_bf.executor.controller.Controller`, whose ``__init__`` declares and
-    documents the state used here."""
-
-    pilots: dict[str, PilotView]
-    elastic: dict[str, ElasticTask]
-    plain: dict[str, PlainTask]
-    shared_cores: int | None
-    offered_node_s: float
-    used_node_s: float
-    _accounted_at: float | None
-    solves: int
-    preemptions: int
-    last_allocation: Allocation | None
+    :class:`~parsl_bf.executor.controller.Controller`, on its state
+    (:class:`~parsl_bf.executor.state.ControllerState`)."""
 
     def _progress(self, event: Progress) -> None:
         """A fragment's step report: learn its scaling curve."""

@@ -8,9 +8,7 @@ done in place is :mod:`parsl_bf.decisions`' rule, the one the ranks and the repl
 from __future__ import annotations
 
 from ..allocation import (
-    Allocation,
     AllocationProblem,
-    AllocatorSettings,
     TaskSpec,
     plan,
 )
@@ -24,12 +22,10 @@ from .lifecycle import (
     Solved,
 )
 from .state import (
+    ControllerState,
     ElasticTask,
-    Fragment,
     Handover,
     Node,
-    PilotView,
-    PlainTask,
     TaskState,
     split_node,
 )
@@ -37,26 +33,10 @@ from .state import (
 __all__ = ["Allocating"]
 
 
-class Allocating:
+class Allocating(ControllerState):
     """One allocation decision per batch. A role of
-    :class:`~parsl_bf.executor.controller.Controller`, whose ``__init__`` declares and
-    documents the state used here."""
-
-    allocator: AllocatorSettings
-    pilots: dict[str, PilotView]
-    elastic: dict[str, ElasticTask]
-    plain: dict[str, PlainTask]
-    fragments: dict[tuple[str, int], Fragment]
-    handovers: dict[tuple[str, int], Handover]
-    max_tasks: int
-    min_node_life_s: float
-    warm_rescale: bool
-    shrink_in_place: bool
-    grow_in_place: bool
-    handover_timeout_s: float
-    hole_lengths: list[float]
-    last_allocation: Allocation | None
-    solves: int
+    :class:`~parsl_bf.executor.controller.Controller`, on its state
+    (:class:`~parsl_bf.executor.state.ControllerState`)."""
 
     def _trains_on(self, task: ElasticTask, staying: int) -> bool:
         """Whether ``task``'s running fragment keeps training in place on ``staying`` of its

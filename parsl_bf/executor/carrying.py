@@ -12,20 +12,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import environment
 from ..pilot import outcome as runner
 from ..pilot.wire import RANKS_KEY, Op
 from ..training.command import mpiexec_argv, worker_argv
-from ..training.reports import write_result
+from ..training.reports import ReportTail, write_result
 from ..training.resize import GrowRequest, ShrinkRequest
 from .channel import PilotServer
+from .controller import Controller
 from .events import EventLog
 from .lifecycle import (
     Command,
@@ -50,7 +52,7 @@ from .lifecycle import (
     plain_key,
 )
 
-__all__ = ["CarryingOut", "FragmentFailed", "Submission", "WARNED_NOTES"]
+__all__ = ["CarryingOut", "ShellState", "FragmentFailed", "Submission", "WARNED_NOTES"]
 
 log = logging.getLogger(__name__)
 
@@ -73,34 +75,54 @@ class Submission:
     trainer: tuple[str, int, dict[str, Any]] | None = None
 
 
-class CarryingOut:
-    """The commands, carried out. A role of
-    :class:`~parsl_bf.executor.executor.BackfillExecutor`, whose ``__init__`` declares and
-    documents the state used here."""
+class ShellState:
+    """What the executor's I/O shell keeps, declared once for its roles (:class:`CarryingOut`,
+    :class:`~parsl_bf.executor.loop.DecisionLoop`) and set by
+    :class:`~parsl_bf.executor.executor.BackfillExecutor`'s constructor. None of it is a
+    decision: those are the controller's, which the shell reads only as commands."""
 
+    # Settings and collaborators.
     label: str
-    event_log: EventLog
-    server: PilotServer | None
-    _submissions: dict[str, Submission]
     provider: Any
     block_error_handler: Any
+    controller: Controller  # only ever called: handle(events, now) -> commands
     warm_ranks: bool
     mpi_hosts: bool
     mpiexec: str
     checkpoint_every: int
-    _emulated: bool
-    _lock: threading.Lock
-    _keys: set[str]
-    _ready: dict[tuple[str, int], Path]
-    _live: set[tuple[str, int]]
+    _emulated: bool  # emulated nodes share this machine's cores: one thread a rank
+    event_log: EventLog
+    server: PilotServer | None
+    # Per task and fragment.
+    _lock: threading.Lock  # the controller, called from the decision thread and shutdown
+    _inbox: queue.Queue[tuple[float, object]]  # (when, what arrived) for the decision thread
+    _stop: threading.Event
+    _submissions: dict[str, Submission]
+    _keys: set[str]  # checkpoint keys of this run's live elastic tasks
+    _reports: dict[str, ReportTail]  # task → its progress.jsonl, read so far
+    _ready: dict[tuple[str, int], Path]  # warm successors' ready files to watch
+    _live: set[tuple[str, int]]  # fragments started and not yet over
+    # (task, generation) → the grow request to write once its joiners are set up, and where
     _grows: dict[tuple[str, int], tuple[GrowRequest, Path]]
-    _resize_asked: dict[str, float]
-    _outlook: Outlook
+    _resize_asked: dict[str, float]  # task → when its latest in-place resize was asked
+    _outlook: Outlook  # the controller's latest
+    _training: bool  # an elastic task was submitted: standby ranks are worth their cost
+    _warmed: set[str]  # pilots asked for standby ranks
+    # (pilot, key) of each launch sent while carrying out the current command: one that
+    # fails half-way KILLs these
     _sent: list[tuple[str, str]]
-    _launch_errors: dict[tuple[str, int | None], str]
+    _launch_errors: dict[tuple[str, int | None], str]  # (task, generation) → why, here
 
-    def _arrived(self, item: object) -> None:  # the decision loop's
-        raise NotImplementedError
+    if TYPE_CHECKING:  # each role calls the other's entry points
+
+        def _arrived(self, item: object) -> None: ...
+        def _carry_out(self, command: Command) -> None: ...
+        def _not_carried_out(self, command: Command, exc: Exception) -> None: ...
+
+
+class CarryingOut(ShellState):
+    """The commands, carried out. A role of
+    :class:`~parsl_bf.executor.executor.BackfillExecutor`, on its state (:class:`ShellState`)."""
 
     def _carry_out(self, command: Command) -> None:
         if isinstance(command, StartFragment):

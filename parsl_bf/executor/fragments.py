@@ -74,11 +74,10 @@ from .lifecycle import (
 from .state import (
     START_MARGIN,
     STOPS_KEPT,
+    ControllerState,
     ElasticTask,
     Fragment,
-    Handover,
     Node,
-    PilotView,
     TaskState,
     node_id,
     split_node,
@@ -87,20 +86,11 @@ from .state import (
 __all__ = ["FragmentLifecycle", "renumbered"]
 
 
-class FragmentLifecycle:
+class FragmentLifecycle(ControllerState):
     """The controller's fragments: their start, in-place shrink and grow, stop, and the
     classification of their end (module docstring). A role of
-    :class:`~parsl_bf.executor.controller.Controller`, whose ``__init__`` declares and
-    documents the state used here."""
-
-    pilots: dict[str, PilotView]
-    elastic: dict[str, ElasticTask]
-    fragments: dict[tuple[str, int], Fragment]
-    handovers: dict[tuple[str, int], Handover]
-    handover_timeout_s: float
-    stop_grace_s: float
-    start_timeout_s: float
-    max_restarts: int
+    :class:`~parsl_bf.executor.controller.Controller`, on its state
+    (:class:`~parsl_bf.executor.state.ControllerState`)."""
 
     def _started(self, task_id: str) -> None:
         """The task's ranks train: no start of its is late (reports name no generation)."""

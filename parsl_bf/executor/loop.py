@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,9 @@ from ..decisions import PilotEnd, leaving_reason
 from ..pilot.outcome import RunnerError, no_outcome_error, read_outcome
 from ..pilot.wire import Op, Refused, standbys_for
 from ..training.reports import ReportEvent, ReportTail
-from ..training.resize import GrowRequest
 from . import channel
-from .carrying import _NO_STDERR, Submission, _tail
-from .channel import PilotServer
-from .controller import Controller, ElasticTask
-from .events import EventLog
+from .carrying import _NO_STDERR, ShellState, _tail
+from .controller import ElasticTask
 from .lifecycle import (
     DECISIONS,
     Command,
@@ -33,7 +29,6 @@ from .lifecycle import (
     FragmentStarted,
     LaunchFailed,
     LogEvent,
-    Outlook,
     PilotGone,
     PilotLeaving,
     PilotUp,
@@ -59,37 +54,9 @@ TICK_S = 1.0
 READY_POLL_S = 0.02
 
 
-class DecisionLoop:
+class DecisionLoop(ShellState):
     """I/O → events → controller → commands → I/O. A role of
-    :class:`~parsl_bf.executor.executor.BackfillExecutor`, whose ``__init__`` declares and
-    documents the state used here."""
-
-    label: str
-    event_log: EventLog
-    server: PilotServer | None
-    _submissions: dict[str, Submission]
-    controller: Controller
-    provider: Any
-    warm_ranks: bool
-    mpiexec: str
-    _lock: threading.Lock
-    _inbox: queue.Queue[tuple[float, object]]
-    _stop: threading.Event
-    _training: bool
-    _warmed: set[str]
-    _reports: dict[str, ReportTail]
-    _ready: dict[tuple[str, int], Path]
-    _live: set[tuple[str, int]]
-    _grows: dict[tuple[str, int], tuple[GrowRequest, Path]]
-    _resize_asked: dict[str, float]
-    _outlook: Outlook
-    _sent: list[tuple[str, str]]
-
-    def _carry_out(self, command: Command) -> None:  # CarryingOut's
-        raise NotImplementedError
-
-    def _not_carried_out(self, command: Command, exc: Exception) -> None:  # CarryingOut's
-        raise NotImplementedError
+    :class:`~parsl_bf.executor.executor.BackfillExecutor`, on its state (:class:`ShellState`)."""
 
     def _arrived(self, item: object) -> None:
         """From the channel's thread or a submitting one: queue it for the next batch."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ..allocation import Allocation, AllocatorSettings
 from .lifecycle import (
     Placement,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "PlainTask",
     "Fragment",
     "Handover",
+    "ControllerState",
 ]
 
 
@@ -243,3 +245,42 @@ class Handover:
 def split_node(node: Node) -> tuple[str, str]:
     pilot, _, host = node.rpartition("/")
     return pilot, host
+
+
+class ControllerState:
+    """What the controller knows, declared once for all its roles
+    (:class:`~parsl_bf.executor.fragments.FragmentLifecycle`,
+    :class:`~parsl_bf.executor.allocating.Allocating`,
+    :class:`~parsl_bf.executor.accounting.Accounting`); set by
+    :class:`~parsl_bf.executor.controller.Controller`'s constructor, whose docstring explains
+    the settings."""
+
+    # Settings.
+    allocator: AllocatorSettings
+    shrink_in_place: bool  # the allocator's, read once (the allocator may be wrapped later)
+    grow_in_place: bool
+    max_tasks: int
+    min_node_life_s: float
+    warm_rescale: bool
+    walltime_notice_s: float
+    handover_timeout_s: float
+    stop_grace_s: float
+    start_timeout_s: float
+    max_restarts: int
+    shared_cores: int | None
+    # What is live.
+    pilots: dict[str, PilotView]
+    elastic: dict[str, ElasticTask]
+    plain: dict[str, PlainTask]
+    fragments: dict[tuple[str, int], Fragment]  # (task, generation) → running
+    handovers: dict[tuple[str, int], Handover]  # (task, successor generation) → hand-over
+    # What it learnt and decided.
+    hole_lengths: list[float]  # the pilots' walltimes when they came: T_fwd ``auto``
+    last_allocation: Allocation | None
+    solves: int
+    preemptions: int
+    # The run's accounting (docs/replay.md's metrics, measured): node-seconds offered by
+    # pilots not leaving and used by tasks, and when they were last brought up to date.
+    offered_node_s: float
+    used_node_s: float
+    _accounted_at: float | None
