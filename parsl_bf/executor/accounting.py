@@ -6,16 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lifecycle import (
-    E_SLACK,
-    Progress,
-)
-from .state import (
-    MEASURED_KEPT,
-    ControllerState,
-    ElasticTask,
-    TaskState,
-)
+from .lifecycle import E_SLACK, Progress
+from .state import MEASURED_KEPT, ControllerState, ElasticTask, TaskState
 
 __all__ = ["Accounting"]
 

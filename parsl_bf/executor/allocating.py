@@ -7,28 +7,11 @@ done in place is :mod:`parsl_bf.decisions`' rule, the one the ranks and the repl
 
 from __future__ import annotations
 
-from ..allocation import (
-    AllocationProblem,
-    TaskSpec,
-    plan,
-)
+from ..allocation import AllocationProblem, TaskSpec, plan
 from ..decisions import grows_in_place, trains_on_in_place
 from .fragments import shrink_fields
-from .lifecycle import (
-    Command,
-    LogEvent,
-    Note,
-    RunPlain,
-    Solved,
-)
-from .state import (
-    ControllerState,
-    ElasticTask,
-    Handover,
-    Node,
-    TaskState,
-    split_node,
-)
+from .lifecycle import Command, LogEvent, Note, RunPlain, Solved
+from .state import ControllerState, ElasticTask, Handover, Node, TaskState, split_node
 
 __all__ = ["Allocating"]
 

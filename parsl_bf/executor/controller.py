@@ -42,11 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..allocation import (
-    DEFAULT_SETTINGS,
-    Allocation,
-    AllocatorSettings,
-)
+from ..allocation import DEFAULT_SETTINGS, Allocation, AllocatorSettings
 from ..decisions import IN_PLACE_REASONS, PilotEnd
 from .accounting import Accounting
 from .allocating import Allocating

@@ -62,14 +62,7 @@ from .carrying import CarryingOut, FragmentFailed, Submission
 from .channel import PilotServer
 from .controller import Controller, ElasticTask, PlainTask
 from .events import EventLog
-from .lifecycle import (
-    LogEvent,
-    Outlook,
-    TaskDir,
-    TaskSubmitted,
-    Tick,
-    WriteStatus,
-)
+from .lifecycle import LogEvent, Outlook, TaskDir, TaskSubmitted, Tick, WriteStatus
 from .loop import DecisionLoop, _read_json
 from .submitting import code_name, count_of, factory_file, task_key
 

@@ -18,30 +18,9 @@ from ..pilot.outcome import RunnerError, no_outcome_error, read_outcome
 from ..pilot.wire import Op, Refused, standbys_for
 from ..training.reports import ReportEvent, ReportTail
 from . import channel
+from . import lifecycle as lc
 from .carrying import _NO_STDERR, ShellState, _tail
 from .controller import ElasticTask
-from .lifecycle import (
-    DECISIONS,
-    Command,
-    Evaluated,
-    Event,
-    FragmentReady,
-    FragmentStarted,
-    LaunchFailed,
-    LogEvent,
-    PilotGone,
-    PilotLeaving,
-    PilotUp,
-    ProcessExited,
-    Progress,
-    Rescaled,
-    Solved,
-    TaskDir,
-    TaskSubmitted,
-    Tick,
-    launch_failed,
-    parse_key,
-)
 
 __all__ = ["DecisionLoop", "TICK_S", "READY_POLL_S"]
 
@@ -64,7 +43,7 @@ class DecisionLoop(ShellState):
 
     def _loop(self) -> None:
         next_tick = 0.0
-        ticked_for = None  # the walltime notice a Tick was added for (once each)
+        ticked_for = None  # the walltime notice a lc.Tick was added for (once each)
         while not self._stop.is_set():
             deadline = self._outlook.wake_at  # a pilot's walltime notice
             if deadline == ticked_for:
@@ -81,7 +60,7 @@ class DecisionLoop(ShellState):
                     next_tick = now + TICK_S
                 else:
                     ticked_for = deadline
-                batch.append((now, Tick()))
+                batch.append((now, lc.Tick()))
             elif self._ready:
                 batch += [(time.time(), ready) for ready in self._readiness()]
             if not batch:
@@ -105,7 +84,7 @@ class DecisionLoop(ShellState):
 
     def _decide(self, batch: list[tuple[float, object]]) -> None:
         """One batch: its events, one controller decision, its commands carried out."""
-        events: list[Event] = []
+        events: list[lc.Event] = []
         causes: list[str] = []
         for _, item in batch:
             found = self._events_of(item)
@@ -121,8 +100,8 @@ class DecisionLoop(ShellState):
                 self._carry_out(command)
             except Exception as exc:  # a full disk: the batch's other commands still count
                 self._not_carried_out(command, exc)
-        solved = [c.solve_s for c in commands if isinstance(c, Solved)]
-        decided = [c for c in commands if isinstance(c, DECISIONS)]
+        solved = [c.solve_s for c in commands if isinstance(c, lc.Solved)]
+        decided = [c for c in commands if isinstance(c, lc.DECISIONS)]
         if decided or solved or any(c.startswith("pilot") for c in causes):
             # From the batch's first arrival to its commands sent to the pilots.
             self.event_log.decision(
@@ -134,15 +113,15 @@ class DecisionLoop(ShellState):
                 events=len(events),
             )
 
-    def _warm(self, events: list[Event]) -> None:
+    def _warm(self, events: list[lc.Event]) -> None:
         """Ask pilots for standby ranks (one per node), from the first elastic task on."""
         if not self.warm_ranks or self.server is None:
             return
         first = not self._training and any(
-            isinstance(e, TaskSubmitted) and isinstance(e.task, ElasticTask) for e in events
+            isinstance(e, lc.TaskSubmitted) and isinstance(e.task, ElasticTask) for e in events
         )
         self._training = self._training or first
-        if not self._training or not (first or any(isinstance(e, PilotUp) for e in events)):
+        if not self._training or not (first or any(isinstance(e, lc.PilotUp) for e in events)):
             return
         self._warmed.intersection_update(self.server.pilots)  # forget pilots that are gone
         for pilot, up in self.server.pilots.items():
@@ -151,43 +130,44 @@ class DecisionLoop(ShellState):
                 size = standbys_for(up.nodes, up.host, up.gpus)
                 self._send(pilot, {"op": Op.WARM_RANKS, "size": size, "mpiexec": self.mpiexec})
 
-    def _events_of(self, item: object) -> list[Event]:
+    def _events_of(self, item: object) -> list[lc.Event]:
         """The lifecycle events of one arrival, with the files it left read now."""
         log_ = self.event_log
-        if isinstance(item, Tick):
+        if isinstance(item, lc.Tick):
             return self._progress_of_live() + self._readiness() + [item]
-        if isinstance(item, FragmentReady | LaunchFailed):  # seen between ticks; a failed launch
+        # Seen between ticks; a failed launch.
+        if isinstance(item, lc.FragmentReady | lc.LaunchFailed):
             return [item]
-        if isinstance(item, TaskSubmitted):
+        if isinstance(item, lc.TaskSubmitted):
             log_.emit(
-                LogEvent.TASK_SUBMITTED,
+                lc.LogEvent.TASK_SUBMITTED,
                 task=item.task.id,
                 elastic=isinstance(item.task, ElasticTask),
             )
             return [item]
         if isinstance(item, channel.PilotUp):
             log_.emit(
-                LogEvent.PILOT_UP, pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at
+                lc.LogEvent.PILOT_UP, pilot=item.pilot, nodes=list(item.nodes), ends_at=item.ends_at
             )
-            return [PilotUp(item.pilot, tuple(item.nodes), item.ends_at, item.gpus)]
+            return [lc.PilotUp(item.pilot, tuple(item.nodes), item.ends_at, item.gpus)]
         if isinstance(item, channel.PilotPreempted):
             # Parsl scaling in (or shutting down) cancels pilots too: not a preemption.
             known = getattr(self.provider, "pilots", {}).get(item.pilot)
             reason = leaving_reason(known.reason if known is not None else None)
-            log_.emit(LogEvent(f"pilot_{reason}"), pilot=item.pilot, signal=item.signal)
-            return [PilotLeaving(item.pilot, reason)]
+            log_.emit(lc.LogEvent(f"pilot_{reason}"), pilot=item.pilot, signal=item.signal)
+            return [lc.PilotLeaving(item.pilot, reason)]
         if isinstance(item, channel.PilotGone):
-            log_.emit(LogEvent.PILOT_GONE, pilot=item.pilot, reason=item.reason)
-            return [PilotGone(item.pilot, item.reason)]
+            log_.emit(lc.LogEvent.PILOT_GONE, pilot=item.pilot, reason=item.reason)
+            return [lc.PilotGone(item.pilot, item.reason)]
         if isinstance(item, channel.ProcessExited):
             return self._exit_of(item)
         if isinstance(item, Refused):
-            log_.emit(LogEvent.REFUSED, peer=item.peer, reason=item.reason, count=item.count)
+            log_.emit(lc.LogEvent.REFUSED, peer=item.peer, reason=item.reason, count=item.count)
         return []
 
-    def _exit_of(self, item: channel.ProcessExited) -> list[Event]:
+    def _exit_of(self, item: channel.ProcessExited) -> list[lc.Event]:
         try:
-            task_id, generation, _group = parse_key(item.key)
+            task_id, generation, _group = lc.parse_key(item.key)
         except ValueError:
             log.warning("%s: exit of an unknown process %r", self.label, item.key)
             return []
@@ -202,45 +182,47 @@ class DecisionLoop(ShellState):
                 outcome = None if error is None else (False, error)
             except RunnerError as exc:
                 outcome = (False, exc)
-            return [ProcessExited(item.pilot, item.key, item.code, outcome)]
+            return [lc.ProcessExited(item.pilot, item.key, item.code, outcome)]
         # Its last reports first: the controller knows its samples when it classifies the exit.
         result = _read_json(sub.directory.result(generation))
-        return self._progress_of(task_id) + [ProcessExited(item.pilot, item.key, item.code, result)]
+        return self._progress_of(task_id) + [
+            lc.ProcessExited(item.pilot, item.key, item.code, result)
+        ]
 
-    def _progress_of_live(self) -> list[Event]:
+    def _progress_of_live(self) -> list[lc.Event]:
         return [e for t in {t for t, _ in self._live} for e in self._progress_of(t)]
 
-    def _progress_of(self, task_id: str) -> list[Event]:
+    def _progress_of(self, task_id: str) -> list[lc.Event]:
         """New records of a task's progress report, as events."""
         tail = self._reports.get(task_id)
         if tail is None:
             tail = self._reports[task_id] = ReportTail(
                 self._submissions[task_id].directory.progress
             )
-        out: list[Event] = []
+        out: list[lc.Event] = []
         for r in tail.read():
             if r["event"] == ReportEvent.STEP:
                 share = r.get("cpu_share")
                 out.append(
-                    Progress(
+                    lc.Progress(
                         task_id, int(r["world"]), float(r["rate"] or 0), int(r["samples"]),
                         float(share) if isinstance(share, int | float) else None,
                     )
                 )  # fmt: skip
             elif r["event"] == ReportEvent.EVAL:  # the task's own metrics, for parsl-bf status
-                out.append(Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
+                out.append(lc.Evaluated(task_id, int(r["samples"]), dict(r.get("metrics") or {})))
             elif r["event"] in (ReportEvent.SHRUNK, ReportEvent.GROWN):
                 asked = self._resize_asked.pop(task_id, None)
                 seconds = r["first_step_at"] - asked if asked and r.get("first_step_at") else -1
                 kind = "shrink" if r["event"] == ReportEvent.SHRUNK else "grow"
-                out.append(Rescaled(task_id, seconds, in_place=kind))
+                out.append(lc.Rescaled(task_id, seconds, in_place=kind))
             elif r["event"] == ReportEvent.START:
-                out.append(FragmentStarted(task_id, int(r.get("samples") or 0)))
+                out.append(lc.FragmentStarted(task_id, int(r.get("samples") or 0)))
                 if r.get("stopped_at") and r.get("first_step_at"):
                     # From the later of the old fragment's stop and the new one's process
                     # start: time the task waited for nodes is not part of a rescale's cost.
                     began = max(r["stopped_at"], r.get("process_started_at") or 0.0)
-                    out.append(Rescaled(task_id, r["first_step_at"] - began))
+                    out.append(lc.Rescaled(task_id, r["first_step_at"] - began))
         return out
 
     def _request_grows(self) -> None:
@@ -251,38 +233,38 @@ class DecisionLoop(ShellState):
                 del self._grows[key]
                 request.write(path)
 
-    def _readiness(self) -> list[Event]:
+    def _readiness(self) -> list[lc.Event]:
         """Warm successors whose ready file appeared."""
-        out: list[Event] = []
+        out: list[lc.Event] = []
         for (task_id, generation), path in list(self._ready.items()):
             if path.exists():
                 del self._ready[(task_id, generation)]
-                out.append(FragmentReady(task_id, generation))
+                out.append(lc.FragmentReady(task_id, generation))
         return out
 
 
-def _cause(event: Event) -> str | None:
+def _cause(event: lc.Event) -> str | None:
     """What an event is called in the decision log (None: not a cause worth naming)."""
-    if isinstance(event, PilotLeaving):
+    if isinstance(event, lc.PilotLeaving):
         return "pilot ending" if event.reason == PilotEnd.WALLTIME else f"pilot {event.reason}"
     return {
-        PilotUp: "pilot up",
-        PilotGone: "pilot gone",
-        TaskSubmitted: "task submitted",
-        ProcessExited: "process exited",
+        lc.PilotUp: "pilot up",
+        lc.PilotGone: "pilot gone",
+        lc.TaskSubmitted: "task submitted",
+        lc.ProcessExited: "process exited",
     }.get(type(event))
 
 
-def _command_name(command: Command) -> str:
+def _command_name(command: lc.Command) -> str:
     return f"{type(command).__name__}:{getattr(command, 'task', None) or command.key}"
 
 
-def _no_outcome(item: channel.ProcessExited, directory: TaskDir) -> Exception | None:
+def _no_outcome(item: channel.ProcessExited, directory: lc.TaskDir) -> Exception | None:
     """Why a plain app left no outcome, if its runner or its launch said (None: it was killed,
     and runs again)."""
     said = _tail(directory.app_stream("stderr"), 1)
     said = "" if said == _NO_STDERR else said
-    if launch_failed(item.code):
+    if lc.launch_failed(item.code):
         return RunnerError(f"not launched on {item.pilot} (exit {item.code}): {said}")
     return no_outcome_error(item.code, directory.app_out, said)
 

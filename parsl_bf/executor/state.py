@@ -10,9 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..allocation import Allocation, AllocatorSettings
-from .lifecycle import (
-    Placement,
-)
+from .lifecycle import Placement
 
 __all__ = [
     "Node",

@@ -10,9 +10,7 @@ from typing import Any
 
 from parsl.serialize import pack_apply_message
 
-from .lifecycle import (
-    TaskDir,
-)
+from .lifecycle import TaskDir
 
 __all__ = ["task_key", "factory_file", "code_name", "count_of"]
 
