@@ -4,13 +4,16 @@ plain data (no I/O, no decisions beyond each object's own arithmetic)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..allocation import Allocation, AllocatorSettings
 from .lifecycle import Placement
+
+if TYPE_CHECKING:
+    from .lifecycle import Command, GrowFragment, StartFragment
 
 __all__ = [
     "Node",
@@ -282,3 +285,23 @@ class ControllerState:
     offered_node_s: float
     used_node_s: float
     _accounted_at: float | None
+
+    if TYPE_CHECKING:  # what each role calls on another (defined there, once)
+
+        @property
+        def effective_tfwd(self) -> float: ...
+        def _leaving(self, pilot: str) -> bool: ...
+        def _shrinks_in_place(self, task: ElasticTask) -> bool: ...
+        def _joining(self, task: ElasticTask) -> bool: ...
+        def _start(
+            self, task: ElasticTask, nodes: Sequence[Node], after: int | None, now: float
+        ) -> StartFragment: ...
+        def _shrink(
+            self, task: ElasticTask, nodes: Sequence[Node], now: float
+        ) -> Command | None: ...
+        def _grow(
+            self, task: ElasticTask, nodes: Sequence[Node], now: float
+        ) -> GrowFragment | None: ...
+        def _stop(
+            self, task_id: str, generation: int, reason: str, now: float, out: list[Command]
+        ) -> None: ...
