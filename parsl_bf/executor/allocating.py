@@ -91,16 +91,16 @@ class Allocating(ControllerState):
         # Plain tasks first, on the shortest-lived free nodes (they are short).
         free.sort(key=lambda n: (usable[n], n))
         waiting_plain = 0
-        for task in self.plain.values():
-            if task.state != TaskState.QUEUED:
+        for plain in self.plain.values():
+            if plain.state != TaskState.QUEUED:
                 continue
             if not free:
                 waiting_plain += 1
                 continue
             node = free.pop(0)
-            task.node, task.state = node, TaskState.RUNNING
-            task.attempts += 1
-            out.append(RunPlain(task.id, *split_node(node)))
+            plain.node, plain.state = node, TaskState.RUNNING
+            plain.attempts += 1
+            out.append(RunPlain(plain.id, *split_node(node)))
         self._allocate_elastic(usable, free, waiting_plain, now, out)
 
     def _allocate_elastic(

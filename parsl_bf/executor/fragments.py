@@ -138,7 +138,9 @@ class FragmentLifecycle(ControllerState):
         )
         return start
 
-    def _shrink(self, task: ElasticTask, nodes: Sequence[Node], now: float) -> Command | None:
+    def _shrink(
+        self, task: ElasticTask, nodes: Sequence[Node], now: float
+    ) -> ShrinkFragment | None:
         """An in-place shrink of ``task``'s running fragment to ``nodes``, if its placement
         allows one: the nodes given back are whole launchers."""
         fragment = self.fragments.get((task.id, task.generation))
@@ -345,7 +347,9 @@ class FragmentLifecycle(ControllerState):
             self._fail(task, why, fragment.generation, out)
             self._ended(task, fragment.generation, "failed", samples, now, out)
 
-    def _fail(self, task: ElasticTask, error: str, generation: int | None, out) -> None:
+    def _fail(
+        self, task: ElasticTask, error: str, generation: int | None, out: list[Command]
+    ) -> None:
         out.append(Note(LogEvent.TASK_FAILED, {"task": task.id, "error": error.splitlines()[-1:]}))
         out.append(Fail(task.id, error, generation))
         task.resolved = True

@@ -13,7 +13,7 @@ from ..allocation import Allocation, AllocatorSettings
 from .lifecycle import Placement
 
 if TYPE_CHECKING:
-    from .lifecycle import Command, GrowFragment, StartFragment
+    from .lifecycle import Command, GrowFragment, ShrinkFragment, StartFragment
 
 __all__ = [
     "Node",
@@ -150,7 +150,7 @@ class ElasticTask:
         if per_node is None:
             guesses = {n: v for n, v in self.scaling.items() if n > 0}
             per_node = max((v / n for n, v in guesses.items()), default=1.0)
-        rates = []
+        rates: list[float] = []
         for n in range(1, self.max_nodes + 1):
             rate = known.get(n, self.scaling.get(n, per_node * n))
             rates.append(max(rate, rates[-1] if rates else 0.0))  # never less with more nodes
@@ -298,7 +298,7 @@ class ControllerState:
         ) -> StartFragment: ...
         def _shrink(
             self, task: ElasticTask, nodes: Sequence[Node], now: float
-        ) -> Command | None: ...
+        ) -> ShrinkFragment | None: ...
         def _grow(
             self, task: ElasticTask, nodes: Sequence[Node], now: float
         ) -> GrowFragment | None: ...
